@@ -1,0 +1,3 @@
+"""InferencePool: a Kubernetes operator for disaggregated prefill/decode LLM serving."""
+
+__version__ = "0.1.0"

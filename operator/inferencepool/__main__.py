@@ -1,0 +1,5 @@
+import sys
+
+from inferencepool.cli import main
+
+sys.exit(main())

@@ -1,0 +1,54 @@
+"""Label and annotation keys shared by the operator, the router and the local pod runner.
+
+Every object and pod the operator writes carries the standard app.kubernetes.io labels plus the pool and role
+labels below; the router discovers engine pods with `pool_selector(name)` and reads each pod's role label.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+GROUP: Final = "serving.inferencepool.dev"
+VERSION: Final = "v1alpha1"
+KIND: Final = "InferencePool"
+PLURAL: Final = "inferencepools"
+SINGULAR: Final = "inferencepool"
+SHORT_NAME: Final = "pdpool"
+CATEGORY: Final = "inference"
+FIELD_MANAGER: Final = "inferencepool-operator"
+AUTOSCALER_FIELD_MANAGER: Final = "inferencepool-autoscaler"
+
+LABEL_NAME: Final = "app.kubernetes.io/name"
+LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
+LABEL_POOL: Final = f"{GROUP}/pool"
+LABEL_ROLE: Final = f"{GROUP}/role"
+
+APP_NAME: Final = "inferencepool"
+MANAGED_BY: Final = "inferencepool-operator"
+
+Role = Literal["prefill", "decode", "router", "lmcache-controller"]
+ENGINE_ROLES: Final[tuple[Role, ...]] = ("prefill", "decode")
+
+# Set by the local pod runner (inferencepool.cluster) once a pod's process listens; kwok then marks it Ready.
+ANNOTATION_PROCESS_READY: Final = "inferencepool.dev/process-ready"
+
+
+def standard_labels(pool: str, role: Role) -> dict[str, str]:
+    """Labels for every object and pod that belongs to `pool` in `role`."""
+    return {
+        LABEL_NAME: APP_NAME,
+        LABEL_INSTANCE: pool,
+        LABEL_COMPONENT: role,
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_PART_OF: APP_NAME,
+        LABEL_POOL: pool,
+        LABEL_ROLE: role,
+    }
+
+
+def pool_selector(pool: str) -> str:
+    """Label selector (string form) matching every engine pod of `pool`."""
+    return f"{LABEL_POOL}={pool},{LABEL_ROLE} in (prefill,decode)"

@@ -1,0 +1,31 @@
+"""`inferencepool bench NAME`: each benchmark measures its baseline in the same run and prints ratios.
+
+A benchmark module provides `configure(parser)` and `run(args) -> int`, like a top-level command, and keeps its
+top-level imports light (heavy ones go inside `run`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "engine": ("inferencepool.bench.engine", "concurrent streams one fake engine sustains on this machine"),
+    "router": ("inferencepool.bench.router", "router overhead vs direct and vs vllm-router, on fake engines"),
+    "operator": ("inferencepool.bench.operator", "apply-to-children latency; 100 pools: total time, memory"),
+}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    for name, (module_name, help_text) in BENCHMARKS.items():
+        bench_parser = sub.add_parser(name, help=help_text, description=help_text)
+        bench_parser.add_argument("--out", default="out/bench", help="folder for JSON results and plots")
+        module = importlib.import_module(module_name)
+        module.configure(bench_parser)
+        bench_parser.set_defaults(bench_run=module.run)
+
+
+def run(args: argparse.Namespace) -> int:
+    result: int = args.bench_run(args)
+    return result
