@@ -1,0 +1,785 @@
+"""The InferencePool custom resource, version v1alpha1, as pydantic models.
+
+The CRD schema is generated from these models (`inferencepool crd`), so class docstrings and field
+descriptions are what `kubectl explain inferencepool.spec...` shows: write them for the user. Defaults live
+here, in code, and never in the CRD schema, so a GitOps tool never sees fields it did not write.
+
+Cross-field rules are declared once in `SPEC_RULES`: the CRD turns each into a CEL rule
+(x-kubernetes-validations) and the spec model checks the same rule in Python, with the same message, so a bad
+spec is rejected with the same words by the API server, by the operator and by the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
+from pydantic.alias_generators import to_camel
+
+from inferencepool.api import labels
+
+API_VERSION: Final = f"{labels.GROUP}/{labels.VERSION}"
+
+DEFAULT_ENGINE_IMAGE: Final = "vllm/vllm-openai:v0.33.0"
+DEFAULT_ROUTER_IMAGE: Final = "inferencepool/router:0.1.0"
+DEFAULT_PREFILL_THRESHOLD_TOKENS: Final = 4096
+DEFAULT_ADAPTIVE_MIN_TOKENS: Final = 1024
+DEFAULT_ADAPTIVE_MAX_TOKENS: Final = 16384
+DEFAULT_MIN_REPLICAS: Final = 1
+DEFAULT_TENSOR_PARALLEL_SIZE: Final = 1
+
+PoolRole = Literal["prefill", "decode"]
+POOL_ROLES: Final[tuple[PoolRole, ...]] = ("prefill", "decode")
+RoutingPolicy = Literal["LengthAware", "AlwaysDisaggregate", "Colocated"]
+KVConnector = Literal["Nixl", "LMCachePD"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+# Condition types the operator reports (Kubernetes API conventions: CamelCase).
+CONDITION_READY: Final = "Ready"
+CONDITION_PROGRESSING: Final = "Progressing"
+CONDITION_DEGRADED: Final = "Degraded"
+# True while an autoscaler wants more replicas than maxReplicas allows, i.e. the latency target is at risk.
+CONDITION_SCALING_LIMITED: Final = "ScalingLimited"
+
+
+class SpecModel(BaseModel):
+    """Base of every spec model: camelCase on the wire, unknown fields rejected, no silent type coercion."""
+
+    # strict: "2" or 2.0 for an integer field is an error, as it is for the API server's schema.
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", strict=True, frozen=False
+    )
+
+
+class StatusModel(BaseModel):
+    """Base of status models: written by the operator, read back tolerantly (unknown fields ignored)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+# --- spec
+
+
+class SecretKeyRef(SpecModel):
+    """A key of a Secret in the pool's namespace."""
+
+    name: str = Field(min_length=1, description="Name of the Secret.")
+    key: str = Field(min_length=1, description="Key inside the Secret, e.g. HF_TOKEN.")
+
+
+class ModelCache(SpecModel):
+    """Where model weights are cached between pod restarts."""
+
+    persistent_volume_claim: str = Field(
+        min_length=1,
+        description="PersistentVolumeClaim mounted as HF_HOME (ReadWriteMany when pods span nodes).",
+    )
+
+
+class ModelSpec(SpecModel):
+    """The model every engine of the pool serves."""
+
+    name: str = Field(
+        min_length=1,
+        description="Hugging Face model id (e.g. meta-llama/Llama-3.1-8B-Instruct) or a local path.",
+    )
+    served_name: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Model name clients send in requests (vLLM --served-model-name). Defaults to name.",
+    )
+    tokenizer: str | None = Field(
+        default=None, min_length=1, description="Tokenizer id or path when it differs from the model's."
+    )
+    cache: ModelCache | None = Field(
+        default=None, description="Volume that caches downloaded weights. Without it pods download on start."
+    )
+    token_secret: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key holding the Hugging Face token (exposed to engines as HF_TOKEN).",
+    )
+
+
+class EngineSpec(SpecModel):
+    """The vLLM engine that runs in every prefill and decode pod."""
+
+    image: str = Field(
+        default=DEFAULT_ENGINE_IMAGE,
+        min_length=1,
+        description=f"Engine container image. Defaults to {DEFAULT_ENGINE_IMAGE}.",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="Extra arguments appended to `vllm serve`, passed through unchanged.",
+    )
+    extra_env: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Extra environment variables for the engine container (Kubernetes EnvVar objects).",
+    )
+    tensor_parallel_size: int = Field(
+        default=DEFAULT_TENSOR_PARALLEL_SIZE,
+        ge=1,
+        description="GPUs one engine shards the model across (vLLM --tensor-parallel-size). Defaults to 1.",
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=1, description="Maximum context length in tokens. Defaults to the model's own."
+    )
+    gpu_memory_utilization_percent: int = Field(
+        default=90,
+        ge=1,
+        le=100,
+        description="GPU memory vLLM may use, in percent (--gpu-memory-utilization). Defaults to 90.",
+    )
+
+
+class Scheduling(SpecModel):
+    """Where the pool's pods may run. Passed through to the pod spec unchanged."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list, description="Pod tolerations (Kubernetes Toleration objects)."
+    )
+    affinity: dict[str, Any] = Field(
+        default_factory=dict, description="Pod affinity (a Kubernetes Affinity object)."
+    )
+
+
+class LatencyTarget(SpecModel):
+    """The latency the autoscaler holds the pool to: TTFT for prefill, ITL for decode."""
+
+    ttft_milliseconds: int | None = Field(
+        default=None, ge=1, description="Time to first token, in milliseconds. Prefill pools only."
+    )
+    itl_milliseconds: int | None = Field(
+        default=None, ge=1, description="Inter-token latency, in milliseconds. Decode pools only."
+    )
+    percentile: int = Field(
+        default=90,
+        ge=50,
+        le=99,
+        description="Percentile of the latency held to the target (50..99). Defaults to 90.",
+    )
+
+
+class Autoscaling(SpecModel):
+    """Latency-driven autoscaling of one pool. While on, the operator's autoscaler owns the replica count."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Scale on the target. Defaults to true; false keeps the block but pins replicas.",
+    )
+    min_replicas: int = Field(
+        default=DEFAULT_MIN_REPLICAS,
+        ge=1,
+        description="Fewest replicas. Defaults to 1. Must be <= maxReplicas.",
+    )
+    max_replicas: int = Field(ge=1, description="Most replicas.")
+    target: LatencyTarget = Field(
+        description="Latency target: ttftMilliseconds for prefill, itlMilliseconds for decode."
+    )
+    window_seconds: int = Field(
+        default=60, ge=1, description="Window over which the observed percentile is computed. Defaults to 60."
+    )
+    interval_seconds: int = Field(
+        default=15, ge=1, description="Seconds between scaling decisions. Defaults to 15."
+    )
+    tolerance_percent: int = Field(
+        default=10,
+        ge=0,
+        le=100,
+        description="No scaling while latency is within this percentage of the target. Defaults to 10.",
+    )
+    scale_up_stabilization_seconds: int = Field(
+        default=0,
+        ge=0,
+        description="Scale up only if every decision in this window asked for more. Defaults to 0.",
+    )
+    scale_down_stabilization_seconds: int = Field(
+        default=300,
+        ge=0,
+        description="Scale down only to the highest count asked for in this window. Defaults to 300.",
+    )
+    max_scale_up_replicas: int = Field(
+        default=4, ge=1, description="Most replicas added by one decision. Defaults to 4."
+    )
+    max_scale_down_replicas: int = Field(
+        default=1, ge=1, description="Most replicas removed by one decision. Defaults to 1."
+    )
+
+
+class PoolSpec(SpecModel):
+    """One pool of vLLM engines (prefill or decode)."""
+
+    replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Engine pods. Defaults to autoscaling.minReplicas when autoscaling is on, else 1. "
+            "With autoscaling on it is only the starting count and must lie within minReplicas..maxReplicas."
+        ),
+    )
+    gpus_per_replica: int | None = Field(
+        default=None,
+        ge=0,
+        description="GPUs per pod (nvidia.com/gpu); 0 runs on CPU. Defaults to engine.tensorParallelSize.",
+    )
+    resources: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Engine container resources (ResourceRequirements); GPUs come from gpusPerReplica.",
+    )
+    scheduling: Scheduling = Field(
+        default_factory=Scheduling, description="Node selection for the pool's pods."
+    )
+    autoscaling: Autoscaling | None = Field(
+        default=None, description="Latency-driven autoscaling. Off when absent."
+    )
+
+    def autoscales(self) -> bool:
+        """Whether the autoscaler, not the spec, decides this pool's replica count."""
+        return self.autoscaling is not None and self.autoscaling.enabled
+
+    def initial_replicas(self) -> int:
+        """Replicas to create the pool with (and to keep, when it does not autoscale)."""
+        if self.replicas is not None:
+            return self.replicas
+        if self.autoscaling is not None and self.autoscaling.enabled:
+            return self.autoscaling.min_replicas
+        return 1
+
+    def gpus(self, tensor_parallel_size: int) -> int:
+        """GPUs each pod requests."""
+        return tensor_parallel_size if self.gpus_per_replica is None else self.gpus_per_replica
+
+
+class KVTransferSpec(SpecModel):
+    """How a prefill engine hands the KV cache of a prompt to a decode engine."""
+
+    connector: KVConnector = Field(
+        default="Nixl",
+        description=(
+            "Nixl: vLLM's NixlConnector, the decode engine pulls KV from the prefill engine (default). "
+            "LMCachePD: LMCache's PD mode, the prefill engine pushes KV to the decode engine; "
+            "needs kvCache.p2p disabled."
+        ),
+    )
+
+
+class DiskCache(SpecModel):
+    """A local-disk tier for LMCache, below CPU memory."""
+
+    size_gib: int = Field(alias="sizeGiB", ge=1, description="Disk space per pod for cached KV, in GiB.")
+
+
+class P2PSpec(SpecModel):
+    """Peer-to-peer KV sharing: a prefix computed by one engine is fetched by the others, not recomputed."""
+
+    enabled: bool = Field(
+        default=False, description="Share KV between engines through LMCache. Defaults to false."
+    )
+    controller_image: str | None = Field(
+        default=None,
+        min_length=1,
+        description="LMCache controller image (must provide lmcache_controller). Defaults to engine.image.",
+    )
+
+
+class KVCacheSpec(SpecModel):
+    """LMCache settings, shared by every engine of the pool. LMCache is on when this block is present."""
+
+    chunk_size: int = Field(default=256, ge=1, description="Tokens per LMCache chunk. Defaults to 256.")
+    cpu_offload_gib: int = Field(
+        default=5,
+        alias="cpuOffloadGiB",
+        ge=0,
+        description="CPU memory per pod for offloaded KV, in GiB. Defaults to 5.",
+    )
+    disk: DiskCache | None = Field(default=None, description="Local disk tier. Off when absent.")
+    p2p: P2PSpec = Field(
+        default_factory=P2PSpec, alias="p2p", description="Peer-to-peer KV sharing between engines."
+    )
+
+
+class AdaptiveThreshold(SpecModel):
+    """Let the router move the prefill threshold with load, within bounds."""
+
+    enabled: bool = Field(default=False, description="Adapt the threshold. Defaults to false.")
+    min_tokens: int = Field(
+        default=DEFAULT_ADAPTIVE_MIN_TOKENS,
+        ge=1,
+        description=f"Lowest threshold. Defaults to {DEFAULT_ADAPTIVE_MIN_TOKENS}.",
+    )
+    max_tokens: int = Field(
+        default=DEFAULT_ADAPTIVE_MAX_TOKENS,
+        ge=1,
+        description=f"Highest threshold. Defaults to {DEFAULT_ADAPTIVE_MAX_TOKENS}.",
+    )
+
+
+class RouterSpec(SpecModel):
+    """The pool's OpenAI-compatible entry point, which decides per request whether to use the prefill pool."""
+
+    replicas: int = Field(default=1, ge=1, description="Router pods. Defaults to 1.")
+    image: str = Field(
+        default=DEFAULT_ROUTER_IMAGE,
+        min_length=1,
+        description=f"Router image. Defaults to {DEFAULT_ROUTER_IMAGE}.",
+    )
+    policy: RoutingPolicy = Field(
+        default="LengthAware",
+        description=(
+            "LengthAware: prompts of at least prefillThresholdTokens go through the prefill pool, "
+            "shorter ones straight to decode (default). "
+            "AlwaysDisaggregate: every request goes through the prefill pool. "
+            "Colocated: no request does; decode engines do both phases."
+        ),
+    )
+    prefill_threshold_tokens: int = Field(
+        default=DEFAULT_PREFILL_THRESHOLD_TOKENS,
+        ge=1,
+        description=(
+            f"Prompt length, in tokens, from which LengthAware sends a request through the prefill pool. "
+            f"Defaults to {DEFAULT_PREFILL_THRESHOLD_TOKENS}."
+        ),
+    )
+    adaptive_threshold: AdaptiveThreshold = Field(
+        default_factory=AdaptiveThreshold, description="Move the threshold with load, within bounds."
+    )
+    prefix_affinity: bool = Field(
+        default=True,
+        description="Prefer the engine that already holds the prompt's prefix. Defaults to true.",
+    )
+    resources: dict[str, Any] = Field(
+        default_factory=dict, description="Router container resources (Kubernetes ResourceRequirements)."
+    )
+
+    def threshold_bounds(self) -> tuple[int, int]:
+        """The range the prefill threshold may take: fixed unless the adaptive threshold is on."""
+        if self.adaptive_threshold.enabled:
+            return self.adaptive_threshold.min_tokens, self.adaptive_threshold.max_tokens
+        return self.prefill_threshold_tokens, self.prefill_threshold_tokens
+
+
+@dataclass(frozen=True)
+class SpecRule:
+    """A cross-field rule, checked by the API server (CEL, `self` is the spec) and by the spec model."""
+
+    field: str  # path below spec of the field the message is about, e.g. "prefill.autoscaling.minReplicas"
+    cel: str
+    message: str
+    holds: Callable[[InferencePoolSpec], bool]
+
+
+class InferencePoolSpec(SpecModel):
+    """Desired state of an InferencePool: one model, served by prefill and decode pools behind a router."""
+
+    model: ModelSpec = Field(description="The model to serve.")
+    engine: EngineSpec = Field(
+        default_factory=EngineSpec, description="The vLLM engine shared by both pools."
+    )
+    prefill: PoolSpec = Field(
+        default_factory=PoolSpec,
+        description="Prefill engines: compute-bound, they set time to first token (TTFT).",
+    )
+    decode: PoolSpec = Field(
+        default_factory=PoolSpec,
+        description="Decode engines: memory-bandwidth-bound, they set inter-token latency (ITL).",
+    )
+    kv_transfer: KVTransferSpec = Field(
+        default_factory=KVTransferSpec, description="How KV moves from prefill to decode."
+    )
+    kv_cache: KVCacheSpec | None = Field(
+        default=None,
+        description="LMCache KV cache offload and sharing. Off when absent (LMCachePD turns it on).",
+    )
+    router: RouterSpec = Field(default_factory=RouterSpec, description="The router in front of both pools.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _accept_any_mapping(cls, data: Any) -> Any:
+        # kopf hands the spec over as a read-only Mapping; strict mode would refuse anything but a dict.
+        if isinstance(data, Mapping) and not isinstance(data, dict):
+            return dict(data)
+        return data
+
+    @model_validator(mode="after")
+    def _check_cross_field_rules(self) -> InferencePoolSpec:
+        broken = [rule.message for rule in SPEC_RULES if not rule.holds(self)]
+        if broken:
+            raise ValueError("; ".join(broken))
+        return self
+
+    def pool(self, role: PoolRole) -> PoolSpec:
+        return self.prefill if role == "prefill" else self.decode
+
+    def served_model_name(self) -> str:
+        return self.model.served_name or self.model.name
+
+    def gpus_per_replica(self, role: PoolRole) -> int:
+        return self.pool(role).gpus(self.engine.tensor_parallel_size)
+
+    def target_milliseconds(self, role: PoolRole) -> int | None:
+        """The pool's latency target (TTFT for prefill, ITL for decode); None when it does not autoscale."""
+        autoscaling = self.pool(role).autoscaling
+        if autoscaling is None or not autoscaling.enabled:
+            return None
+        target = autoscaling.target
+        return target.ttft_milliseconds if role == "prefill" else target.itl_milliseconds
+
+    def uses_lmcache(self) -> bool:
+        return self.kv_cache is not None or self.kv_transfer.connector == "LMCachePD"
+
+    def effective_kv_cache(self) -> KVCacheSpec:
+        """LMCache settings with defaults, whether or not the user wrote the block."""
+        return self.kv_cache if self.kv_cache is not None else KVCacheSpec()
+
+    def p2p_enabled(self) -> bool:
+        return self.kv_cache is not None and self.kv_cache.p2p.enabled
+
+
+# --- cross-field rules
+# CEL cannot see defaults applied in code, so each rule guards optional fields with has() and repeats the
+# default from the constants above.
+
+
+def _or_default(path: str, default: int | bool) -> str:
+    literal = str(default).lower() if isinstance(default, bool) else str(default)
+    return f"(has({path}) ? {path} : {literal})"
+
+
+def _pool_rules(role: PoolRole) -> list[SpecRule]:
+    pool = f"self.{role}"
+    scaling = f"{pool}.autoscaling"
+    has_scaling = f"has({pool}.autoscaling)"
+    enabled = _or_default(f"{scaling}.enabled", True)
+    min_replicas = _or_default(f"{scaling}.minReplicas", DEFAULT_MIN_REPLICAS)
+    tp_or_default = _or_default("self.engine.tensorParallelSize", DEFAULT_TENSOR_PARALLEL_SIZE)
+    tp = f"(has(self.engine) ? {tp_or_default} : {DEFAULT_TENSOR_PARALLEL_SIZE})"
+    metric, other, metric_name = (
+        ("ttftMilliseconds", "itlMilliseconds", "time to first token")
+        if role == "prefill"
+        else ("itlMilliseconds", "ttftMilliseconds", "inter-token latency")
+    )
+
+    def scaling_of(spec: InferencePoolSpec) -> Autoscaling | None:
+        return spec.pool(role).autoscaling
+
+    def min_le_max(spec: InferencePoolSpec) -> bool:
+        a = scaling_of(spec)
+        return a is None or a.min_replicas <= a.max_replicas
+
+    def replicas_within_bounds(spec: InferencePoolSpec) -> bool:
+        a, replicas = scaling_of(spec), spec.pool(role).replicas
+        return a is None or not a.enabled or replicas is None or a.min_replicas <= replicas <= a.max_replicas
+
+    def target_matches_role(spec: InferencePoolSpec) -> bool:
+        a = scaling_of(spec)
+        if a is None:
+            return True
+        wanted, unwanted = (
+            (a.target.ttft_milliseconds, a.target.itl_milliseconds)
+            if role == "prefill"
+            else (a.target.itl_milliseconds, a.target.ttft_milliseconds)
+        )
+        return wanted is not None and unwanted is None
+
+    def gpus_fit_tensor_parallel(spec: InferencePoolSpec) -> bool:
+        gpus = spec.pool(role).gpus_per_replica
+        return gpus is None or gpus == 0 or gpus >= spec.engine.tensor_parallel_size
+
+    in_pool = f"has(self.{role}) && "
+    return [
+        SpecRule(
+            field=f"{role}.autoscaling.minReplicas",
+            cel=f"!({in_pool}{has_scaling}) || {min_replicas} <= {scaling}.maxReplicas",
+            message=f"spec.{role}.autoscaling.minReplicas must be <= maxReplicas",
+            holds=min_le_max,
+        ),
+        SpecRule(
+            field=f"{role}.replicas",
+            cel=(
+                f"!({in_pool}{has_scaling} && {enabled} && has({pool}.replicas)) || "
+                f"({pool}.replicas >= {min_replicas} && {pool}.replicas <= {scaling}.maxReplicas)"
+            ),
+            message=(
+                f"spec.{role}.replicas must be within spec.{role}.autoscaling.minReplicas..maxReplicas "
+                "when autoscaling is enabled"
+            ),
+            holds=replicas_within_bounds,
+        ),
+        SpecRule(
+            field=f"{role}.autoscaling.target",
+            cel=(
+                f"!({in_pool}{has_scaling}) || "
+                f"(has({scaling}.target.{metric}) && !has({scaling}.target.{other}))"
+            ),
+            message=(
+                f"spec.{role}.autoscaling.target must set {metric} ({role} scales on {metric_name}), "
+                f"not {other}"
+            ),
+            holds=target_matches_role,
+        ),
+        SpecRule(
+            field=f"{role}.gpusPerReplica",
+            cel=(
+                f"!({in_pool}has({pool}.gpusPerReplica)) || {pool}.gpusPerReplica == 0 || "
+                f"{pool}.gpusPerReplica >= {tp}"
+            ),
+            message=f"spec.{role}.gpusPerReplica must be 0 (no GPU) or >= spec.engine.tensorParallelSize",
+            holds=gpus_fit_tensor_parallel,
+        ),
+    ]
+
+
+def _router_rules() -> list[SpecRule]:
+    adaptive = "self.router.adaptiveThreshold"
+    has_adaptive = f"has(self.router) && has({adaptive})"
+    min_tokens = _or_default(f"{adaptive}.minTokens", DEFAULT_ADAPTIVE_MIN_TOKENS)
+    max_tokens = _or_default(f"{adaptive}.maxTokens", DEFAULT_ADAPTIVE_MAX_TOKENS)
+    threshold = _or_default("self.router.prefillThresholdTokens", DEFAULT_PREFILL_THRESHOLD_TOKENS)
+    adaptive_on = f"{has_adaptive} && {_or_default(f'{adaptive}.enabled', False)}"
+
+    def min_le_max(spec: InferencePoolSpec) -> bool:
+        bounds = spec.router.adaptive_threshold
+        return bounds.min_tokens <= bounds.max_tokens
+
+    def threshold_within_bounds(spec: InferencePoolSpec) -> bool:
+        bounds = spec.router.adaptive_threshold
+        threshold_tokens = spec.router.prefill_threshold_tokens
+        return not bounds.enabled or bounds.min_tokens <= threshold_tokens <= bounds.max_tokens
+
+    return [
+        SpecRule(
+            field="router.adaptiveThreshold.minTokens",
+            cel=f"!({has_adaptive}) || {min_tokens} <= {max_tokens}",
+            message="spec.router.adaptiveThreshold.minTokens must be <= maxTokens",
+            holds=min_le_max,
+        ),
+        SpecRule(
+            field="router.prefillThresholdTokens",
+            cel=f"!({adaptive_on}) || ({min_tokens} <= {threshold} && {threshold} <= {max_tokens})",
+            message=(
+                "spec.router.prefillThresholdTokens must be within "
+                "spec.router.adaptiveThreshold.minTokens..maxTokens when the adaptive threshold is enabled"
+            ),
+            holds=threshold_within_bounds,
+        ),
+    ]
+
+
+def _kv_rules() -> list[SpecRule]:
+    pd_mode = (
+        "has(self.kvTransfer) && has(self.kvTransfer.connector) && self.kvTransfer.connector == 'LMCachePD'"
+    )
+    p2p = "self.kvCache.p2p"
+    p2p_on = f"has(self.kvCache) && has({p2p}) && has({p2p}.enabled) && {p2p}.enabled"
+
+    def pd_mode_without_p2p(spec: InferencePoolSpec) -> bool:
+        return spec.kv_transfer.connector != "LMCachePD" or not spec.p2p_enabled()
+
+    return [
+        SpecRule(
+            field="kvCache.p2p.enabled",
+            cel=f"!({pd_mode}) || !({p2p_on})",
+            message="spec.kvCache.p2p.enabled must be false when spec.kvTransfer.connector is LMCachePD",
+            holds=pd_mode_without_p2p,
+        )
+    ]
+
+
+SPEC_RULES: Final[tuple[SpecRule, ...]] = (
+    *_pool_rules("prefill"),
+    *_pool_rules("decode"),
+    *_router_rules(),
+    *_kv_rules(),
+)
+
+
+# --- status
+
+
+def _kubernetes_time(value: datetime) -> str:
+    """RFC 3339 in UTC at whole seconds, as Kubernetes writes metav1.Time."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Condition(StatusModel):
+    """One aspect of the pool's state (Kubernetes metav1.Condition)."""
+
+    type: str = Field(min_length=1, description="Ready, Progressing, Degraded or ScalingLimited.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: str = Field(
+        min_length=1,
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+        description="Why the condition has its status, in CamelCase.",
+    )
+    message: str = Field(default="", description="Human-readable details.")
+    last_transition_time: datetime = Field(description="When the status last changed.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation the condition was computed from."
+    )
+
+    @field_serializer("last_transition_time")
+    def _serialize_time(self, value: datetime) -> str:
+        return _kubernetes_time(value)
+
+
+class ScalingDecision(StatusModel):
+    """The autoscaler's last change of a pool's replica count."""
+
+    from_replicas: int = Field(ge=0, description="Replicas before the decision.")
+    replicas: int = Field(ge=0, description="Replicas decided.")
+    reason: str = Field(min_length=1, description="Why, in CamelCase (e.g. TargetExceeded, BelowTarget).")
+    message: str = Field(default="", description="The figures behind the decision.")
+    time: datetime = Field(description="When the decision was made.")
+
+    @field_serializer("time")
+    def _serialize_time(self, value: datetime) -> str:
+        return _kubernetes_time(value)
+
+
+class PoolStatus(StatusModel):
+    """Observed state of one pool."""
+
+    replicas: int = Field(default=0, ge=0, description="Engine pods that exist.")
+    ready_replicas: int = Field(default=0, ge=0, description="Engine pods that are ready.")
+    desired_replicas: int = Field(
+        default=0, ge=0, description="Engine pods wanted, by the spec or the autoscaler."
+    )
+    observed_milliseconds: int | None = Field(
+        default=None,
+        ge=0,
+        description="Latency at the target percentile over the last window (prefill: TTFT, decode: ITL).",
+    )
+    target_milliseconds: int | None = Field(
+        default=None, ge=0, description="The latency target, when autoscaling."
+    )
+    percentile: int | None = Field(
+        default=None, ge=0, le=100, description="Percentile of observedMilliseconds."
+    )
+    last_scaling: ScalingDecision | None = Field(default=None, description="The autoscaler's last decision.")
+
+    def replicas_display(self) -> str:
+        """'ready/desired', as kubectl get shows it."""
+        return f"{self.ready_replicas}/{self.desired_replicas}"
+
+    def latency_display(self) -> str:
+        """'observed/target ms' ('-' where unknown), as kubectl get shows it."""
+        if self.observed_milliseconds is None and self.target_milliseconds is None:
+            return "-"
+        observed = "-" if self.observed_milliseconds is None else str(self.observed_milliseconds)
+        if self.target_milliseconds is None:
+            return f"{observed}ms"
+        return f"{observed}/{self.target_milliseconds}ms"
+
+
+class RouterStatus(StatusModel):
+    """Observed state of the router."""
+
+    endpoint: str | None = Field(default=None, description="URL clients send OpenAI-compatible requests to.")
+    replicas: int = Field(default=0, ge=0, description="Router pods that exist.")
+    ready_replicas: int = Field(default=0, ge=0, description="Router pods that are ready.")
+    prefill_threshold_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="The prefill threshold in force (moves when the adaptive threshold is on).",
+    )
+    disaggregated_percent: int | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Share of recent requests sent through the prefill pool, in percent.",
+    )
+
+
+class StatusDisplay(StatusModel):
+    """Figures formatted for `kubectl get` columns (a printer column is one JSONPath: it cannot compute)."""
+
+    prefill: str = Field(default="-", description="Prefill replicas, ready/desired.")
+    decode: str = Field(default="-", description="Decode replicas, ready/desired.")
+    ttft: str = Field(default="-", description="Prefill TTFT, observed/target in milliseconds.")
+    itl: str = Field(default="-", description="Decode ITL, observed/target in milliseconds.")
+
+
+class InferencePoolStatus(StatusModel):
+    """Observed state of an InferencePool, written by the operator."""
+
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation this status reflects."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, Progressing, Degraded and ScalingLimited, one entry per type.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    prefill: PoolStatus | None = Field(default=None, description="The prefill pool.")
+    decode: PoolStatus | None = Field(default=None, description="The decode pool.")
+    router: RouterStatus | None = Field(default=None, description="The router.")
+    display: StatusDisplay | None = Field(default=None, description="Figures formatted for kubectl get.")
+
+    def condition(self, condition_type: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == condition_type), None)
+
+    def set_condition(
+        self,
+        condition_type: str,
+        status: ConditionStatus,
+        reason: str,
+        message: str,
+        now: datetime,
+        observed_generation: int | None = None,
+    ) -> None:
+        """Add or update a condition; lastTransitionTime moves only when the status changes."""
+        previous = self.condition(condition_type)
+        transition = now if previous is None or previous.status != status else previous.last_transition_time
+        updated = Condition(
+            type=condition_type,
+            status=status,
+            reason=reason,
+            message=message,
+            last_transition_time=transition,
+            observed_generation=observed_generation,
+        )
+        others = [c for c in self.conditions if c.type != condition_type]
+        self.conditions = (
+            [*others, updated]
+            if previous is None
+            else [updated if c.type == condition_type else c for c in self.conditions]
+        )
+
+    def with_display(self) -> InferencePoolStatus:
+        """A copy whose display strings match the pool figures."""
+        prefill, decode = self.prefill or PoolStatus(), self.decode or PoolStatus()
+        display = StatusDisplay(
+            prefill=prefill.replicas_display(),
+            decode=decode.replicas_display(),
+            ttft=prefill.latency_display(),
+            itl=decode.latency_display(),
+        )
+        return self.model_copy(update={"display": display})
+
+
+class InferencePool(BaseModel):
+    """A model served by disaggregated prefill and decode pools of vLLM engines behind a router."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    api_version: Literal["serving.inferencepool.dev/v1alpha1"] = Field(
+        default="serving.inferencepool.dev/v1alpha1", description="serving.inferencepool.dev/v1alpha1"
+    )
+    kind: Literal["InferencePool"] = Field(default="InferencePool", description="InferencePool")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Standard object metadata.")
+    spec: InferencePoolSpec = Field(description="Desired state.")
+    status: InferencePoolStatus | None = Field(
+        default=None, description="Observed state, written by the operator."
+    )
+
+    def name(self) -> str:
+        return str(self.metadata.get("name", ""))
+
+    def namespace(self) -> str:
+        return str(self.metadata.get("namespace", "default"))
