@@ -1,0 +1,164 @@
+"""The engine pods the router knows and how it picks one (pure, no I/O; time is passed in).
+
+Pick = least outstanding requests, or, when the request has a prefix-affinity key, consistent hashing with
+bounded loads (Mirrokni, Thorup, Zadimoghaddam, "Consistent Hashing with Bounded Loads", 2018): walk the hash
+ring from the key and take the first pod whose load stays under `load_factor` x the mean, so one hot prefix
+cannot pile onto one pod while prompts sharing a prefix still land where their KV blocks are cached.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+EngineRole = Literal["prefill", "decode"]
+ROLES: tuple[EngineRole, ...] = ("prefill", "decode")
+
+# A pod whose connection failed sits out this long (doubling per consecutive failure, capped) while others
+# serve.
+COOLDOWN_SECONDS = 1.0
+COOLDOWN_MAX_SECONDS = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class PodSpec:
+    """What discovery reports about one engine pod."""
+
+    name: str
+    url: str
+    role: EngineRole
+    ready: bool = True
+    terminating: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class Pod:
+    """Live state of one engine pod. Handlers keep a reference while a request runs, so counters stay right
+    even after discovery has dropped the pod."""
+
+    name: str
+    url: str
+    role: EngineRole
+    ready: bool = True
+    terminating: bool = False
+    known: bool = True
+    outstanding: int = 0
+    consecutive_failures: int = 0
+    cooldown_until: float = 0.0
+
+    @property
+    def accepts_new(self) -> bool:
+        """NotReady, terminating or vanished pods finish what they have but take nothing new."""
+        return self.ready and not self.terminating and self.known
+
+    def record_failure(self, now: float) -> None:
+        self.consecutive_failures += 1
+        backoff = COOLDOWN_SECONDS * 2 ** (self.consecutive_failures - 1)
+        self.cooldown_until = now + min(backoff, COOLDOWN_MAX_SECONDS)
+
+    def record_success(self) -> None:
+        self.consecutive_failures = 0
+        self.cooldown_until = 0.0
+
+
+def _point(data: str) -> int:
+    return int.from_bytes(hashlib.blake2b(data.encode(), digest_size=8).digest(), "big")
+
+
+@dataclass
+class HashRing:
+    virtual_nodes: int
+    points: list[int] = field(default_factory=list)
+    owners: list[str] = field(default_factory=list)
+
+    def rebuild(self, names: Iterable[str]) -> None:
+        entries = sorted((_point(f"{name}#{i}"), name) for name in names for i in range(self.virtual_nodes))
+        self.points = [point for point, _ in entries]
+        self.owners = [name for _, name in entries]
+
+    def walk(self, key: int) -> Iterable[str]:
+        """Pod names clockwise from `key`, each once."""
+        if not self.points:
+            return
+        start = bisect.bisect_left(self.points, key)
+        seen: set[str] = set()
+        total = len(self.points)
+        for offset in range(total):
+            name = self.owners[(start + offset) % total]
+            if name not in seen:
+                seen.add(name)
+                yield name
+
+
+@dataclass
+class PodSet:
+    """Every known engine pod by role, updated from discovery snapshots, with the pick logic."""
+
+    load_factor: float = 1.25
+    virtual_nodes: int = 64
+    pods: dict[str, Pod] = field(default_factory=dict)
+    _rings: dict[EngineRole, HashRing] = field(default_factory=dict)
+    _rotation: int = 0
+
+    def __post_init__(self) -> None:
+        self._rings = {role: HashRing(self.virtual_nodes) for role in ROLES}
+
+    def apply(self, specs: Iterable[PodSpec]) -> None:
+        """Replace the known set with a discovery snapshot, keeping counters of pods that stay."""
+        fresh: dict[str, Pod] = {}
+        for spec in specs:
+            pod = self.pods.get(spec.name)
+            if pod is None or pod.url != spec.url or pod.role != spec.role:
+                pod = Pod(name=spec.name, url=spec.url, role=spec.role)
+            pod.ready, pod.terminating, pod.known = spec.ready, spec.terminating, True
+            fresh[spec.name] = pod
+        for name, pod in self.pods.items():
+            if fresh.get(name) is not pod:
+                pod.known = False
+        self.pods = fresh
+        for role in ROLES:
+            self._rings[role].rebuild(sorted(p.name for p in fresh.values() if p.role == role))
+
+    def by_role(self, role: EngineRole) -> list[Pod]:
+        return [pod for pod in self.pods.values() if pod.role == role]
+
+    def available(self, role: EngineRole, now: float, exclude: frozenset[str] = frozenset()) -> list[Pod]:
+        """Pods that take new requests; those cooling down after a failure only when nothing else is left."""
+        open_pods = [
+            p for p in self.pods.values() if p.role == role and p.accepts_new and p.name not in exclude
+        ]
+        healthy = [p for p in open_pods if p.cooldown_until <= now]
+        return healthy or open_pods
+
+    def has_available(self, role: EngineRole) -> bool:
+        return any(p.role == role and p.accepts_new for p in self.pods.values())
+
+    def pick(
+        self,
+        role: EngineRole,
+        now: float,
+        affinity_key: int | None = None,
+        exclude: frozenset[str] = frozenset(),
+    ) -> Pod | None:
+        candidates = self.available(role, now, exclude)
+        if not candidates:
+            return None
+        if len(candidates) == 1:
+            return candidates[0]
+        if affinity_key is not None:
+            by_name = {pod.name: pod for pod in candidates}
+            total = sum(pod.outstanding for pod in candidates)
+            bound = math.ceil(self.load_factor * (total + 1) / len(candidates))
+            for name in self._rings[role].walk(affinity_key):
+                pod = by_name.get(name)
+                if pod is not None and pod.outstanding < bound:
+                    return pod
+        least = min(pod.outstanding for pod in candidates)
+        tied = [pod for pod in candidates if pod.outstanding == least]
+        # Rotate among equally loaded pods so an idle pool still spreads requests.
+        self._rotation += 1
+        return tied[self._rotation % len(tied)]

@@ -1,0 +1,110 @@
+"""Reading the prompt out of an OpenAI request body, and answering bad ones with the reason (pure, no I/O)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, TypeGuard
+
+Endpoint = Literal["completions", "chat"]
+
+
+class BadRequest(ValueError):
+    """A request the router refuses; `status` and `error_type` follow OpenAI's error shape."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        error_type: str = "BadRequestError",
+        param: str | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """What the router needs from a request: the text to count and hash, or token ids when the client sent
+    them.
+
+    `texts` holds one entry per prompt of a batched completion (`prompt: [..]`); chat requests render their
+    messages into one text. `token_ids` is set when the client sent ids instead of text.
+    """
+
+    texts: tuple[str, ...]
+    token_ids: tuple[tuple[int, ...], ...]
+    message_count: int
+    stream: bool
+
+
+def _chat_text(messages: list[Any]) -> str:
+    # Role names and contents in order: close enough to a chat template for counting and for prefix hashing,
+    # and the system prompt (the usual shared prefix) comes first as it does in the real template.
+    parts: list[str] = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise BadRequest(f"messages[{index}] must be an object", param="messages")
+        role = message.get("role")
+        if not isinstance(role, str):
+            raise BadRequest(f"messages[{index}].role must be a string", param="messages")
+        content = message.get("content")
+        parts.append(role)
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    parts.append(part["text"])
+        elif content is not None:
+            raise BadRequest(
+                f"messages[{index}].content must be a string or a list of parts", param="messages"
+            )
+    return "\n\n".join(parts)
+
+
+def _is_token_ids(value: object) -> TypeGuard[list[int]]:
+    return isinstance(value, list) and bool(value) and all(isinstance(item, int) for item in value)
+
+
+def read_prompt(body: object, endpoint: Endpoint, served_model_name: str | None) -> Prompt:
+    """Validate the fields the router depends on; the engine validates the rest (sampling params and so
+    on)."""
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("`model` is required and must be a non-empty string", param="model")
+    if served_model_name is not None and model != served_model_name:
+        raise BadRequest(
+            f"The model `{model}` does not exist. This pool serves `{served_model_name}`.",
+            status=404,
+            error_type="NotFoundError",
+            param="model",
+        )
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("`stream` must be a boolean", param="stream")
+    if endpoint == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("`messages` is required and must be a non-empty list", param="messages")
+        return Prompt(texts=(_chat_text(messages),), token_ids=(), message_count=len(messages), stream=stream)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return Prompt(texts=(prompt,), token_ids=(), message_count=0, stream=stream)
+    if _is_token_ids(prompt):
+        return Prompt(texts=(), token_ids=(tuple(prompt),), message_count=0, stream=stream)
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(item, str) for item in prompt):
+            return Prompt(texts=tuple(prompt), token_ids=(), message_count=0, stream=stream)
+        if all(_is_token_ids(item) for item in prompt):
+            return Prompt(
+                texts=(), token_ids=tuple(tuple(item) for item in prompt), message_count=0, stream=stream
+            )
+    raise BadRequest(
+        "`prompt` is required: a string, a list of strings, a list of token ids or a list of such lists",
+        param="prompt",
+    )
