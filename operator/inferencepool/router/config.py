@@ -95,6 +95,12 @@ class PrefixAffinityConfig(_Model):
         ),
     ] = 125
     virtual_nodes: Annotated[int, Field(ge=1, le=1000, description="points per pod on the hash ring")] = 64
+    min_load_bound: Annotated[
+        int,
+        Field(
+            ge=1, description="an affine pod always takes the request while it has fewer in flight than this"
+        ),
+    ] = 4
 
 
 class LMCachePDConfig(_Model):

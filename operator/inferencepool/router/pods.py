@@ -100,6 +100,8 @@ class PodSet:
 
     load_factor: float = 1.25
     virtual_nodes: int = 64
+    # An engine batching a few requests is far from saturated: below this, a prefix hit beats balance.
+    min_load_bound: int = 4
     pods: dict[str, Pod] = field(default_factory=dict)
     _rings: dict[EngineRole, HashRing] = field(default_factory=dict)
     _rotation: int = 0
@@ -152,7 +154,7 @@ class PodSet:
         if affinity_key is not None:
             by_name = {pod.name: pod for pod in candidates}
             total = sum(pod.outstanding for pod in candidates)
-            bound = math.ceil(self.load_factor * (total + 1) / len(candidates))
+            bound = max(math.ceil(self.load_factor * (total + 1) / len(candidates)), self.min_load_bound)
             for name in self._rings[role].walk(affinity_key):
                 pod = by_name.get(name)
                 if pod is not None and pod.outstanding < bound:

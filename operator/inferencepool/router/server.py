@@ -71,6 +71,7 @@ class Router:
         self.pods = pods or PodSet(
             load_factor=config.prefix_affinity.load_factor_percent / 100,
             virtual_nodes=config.prefix_affinity.virtual_nodes,
+            min_load_bound=config.prefix_affinity.min_load_bound,
         )
         self.threshold = config.prefill_threshold_tokens
         self.threshold_reason = "configured"
