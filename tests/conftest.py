@@ -1,0 +1,93 @@
+"""Shared fixtures. The `cluster` fixture starts the local control plane once per session, on first use.
+
+If it cannot be built or started, the tests that need it fail (with the failing component's log); they are
+never skipped. INFERENCEPOOL_TEST_CLUSTER=<state dir> reuses a running cluster instead of a private one.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from inferencepool.cluster.testing import TestCluster
+
+CLUSTER_TESTS = Path(__file__).parent / "cluster"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything under tests/cluster/ is marked `cluster`, so `-m "not cluster"` runs only the fast tiers."""
+    for item in items:
+        if CLUSTER_TESTS in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.cluster)
+
+
+def _progress_printer(config: pytest.Config) -> Callable[[str], None]:
+    """Print even while pytest captures output: a cold build takes minutes and should show it is alive."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+
+    def progress(message: str) -> None:
+        if capture is None:
+            print(f"[cluster] {message}", file=sys.stderr, flush=True)
+            return
+        with capture.global_and_fixture_disabled():
+            print(f"\n[cluster] {message}", file=sys.stderr, flush=True)
+
+    return progress
+
+
+@pytest.fixture(scope="session")
+def cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TestCluster]:
+    from inferencepool.cluster import testing
+
+    scratch = tmp_path_factory.mktemp("control-plane")
+    try:
+        context = testing.session_cluster(scratch, _progress_printer(request.config))
+        started = context.__enter__()
+    except Exception as error:
+        pytest.fail(testing.describe_failure(error), pytrace=False)
+    try:
+        yield started
+    finally:
+        context.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(cluster: TestCluster) -> Path:
+    return cluster.kubeconfig
+
+
+@pytest.fixture(scope="session")
+def kube_api_client(cluster: TestCluster) -> Iterator[Any]:
+    """A kubernetes.client.ApiClient for the session cluster."""
+    from kubernetes import config
+
+    client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, kube_api_client: Any) -> Iterator[str]:
+    """A fresh namespace for one test (with its default ServiceAccount), deleted afterwards."""
+    from kubernetes import client
+
+    from inferencepool.cluster.testing import eventually, namespace_name
+
+    name = namespace_name(request.node.name)
+    core = client.CoreV1Api(kube_api_client)
+    core.create_namespace({"metadata": {"name": name}})
+    # Pods are refused until the controller manager has created the namespace's default ServiceAccount.
+    eventually(
+        lambda: any(sa.metadata.name == "default" for sa in core.list_namespaced_service_account(name).items),
+        30,
+        f"the default ServiceAccount in {name}",
+    )
+    yield name
+    core.delete_namespace(name)
