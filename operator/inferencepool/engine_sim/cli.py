@@ -1,0 +1,271 @@
+"""`inferencepool fake-engine [serve] [MODEL] ...`: run the fake engine with vLLM's own serve flags.
+
+The same pod spec runs the real vLLM image or this one, so vLLM's flags are accepted; those that change the
+timing model (--tensor-parallel-size, --max-model-len, --gpu-memory-utilization, --max-num-batched-tokens,
+--max-num-seqs, --block-size, --enable-prefix-caching) are honoured, and unknown ones are ignored. Fake-only
+flags: --profile (or env FAKE_ENGINE_PROFILE), --role, --time-scale (or env FAKE_ENGINE_TIME_SCALE),
+--nixl-side-channel-port, --p2p-peer, --drain-timeout, --load-time.
+
+P/D disaggregation needs a NIXL connector, as in vLLM: `--kv-transfer-config '{"kv_connector":"NixlConnector",
+"kv_role":"kv_both"}'`; `--role prefill|decode` without a config turns it on too (a shortcut for local runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+NIXL = "NixlConnector"
+LMCACHE = "LMCacheConnectorV1"
+# vLLM flags that take a value and mean nothing to the fake; declared so their values are never mistaken for
+# MODEL.
+_IGNORED_VALUED_FLAGS = (
+    "--dtype", "--swap-space", "--seed", "--download-dir", "--load-format", "--quantization", "--api-key",
+    "--pipeline-parallel-size", "--data-parallel-size", "--uvicorn-log-level", "--chat-template",
+    "--revision",
+    "--distributed-executor-backend", "--max-logprobs", "--kv-cache-dtype", "--compilation-config",
+)  # fmt: skip
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("words", nargs="*", metavar="[serve] [MODEL]", help="as `vllm serve MODEL`")
+    parser.add_argument("--model", default=None, help="model name or path (older vLLM spelling of MODEL)")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", nargs="+", default=None)
+    parser.add_argument("--tokenizer", default=None, help="tokenizer.json or a directory holding one")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=None)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=None)
+    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--kv-transfer-config", default=None, help="vLLM KVTransferConfig as JSON")
+    parser.add_argument(
+        "--profile",
+        default=None,
+        help="timing profile (env FAKE_ENGINE_PROFILE; default cpu-demo), see engine_sim/profiles.py",
+    )
+    parser.add_argument("--role", choices=("prefill", "decode", "both"), default="both")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        help="wall seconds per modelled second (env FAKE_ENGINE_TIME_SCALE; 0.1 runs 10x faster)",
+    )
+    parser.add_argument(
+        "--nixl-side-channel-port",
+        type=int,
+        default=None,
+        help="overrides env VLLM_NIXL_SIDE_CHANNEL_PORT (default 5600); 0 picks a free port",
+    )
+    parser.add_argument(
+        "--p2p-peer",
+        action="append",
+        default=None,
+        help="side channel host:port of an LMCache p2p peer (repeatable; env FAKE_ENGINE_P2P_PEERS)",
+    )
+    parser.add_argument(
+        "--drain-timeout", type=float, default=30.0, help="seconds to finish streams on SIGTERM"
+    )
+    parser.add_argument(
+        "--load-time", type=float, default=0.0, help="seconds before listening (model loading)"
+    )
+    parser.add_argument("--log-level", default="INFO")
+    for flag in _IGNORED_VALUED_FLAGS:
+        parser.add_argument(flag, default=None, help=argparse.SUPPRESS)
+
+    # vLLM's serve has hundreds of flags; the fake ignores the ones it does not know instead of failing the
+    # pod.
+    original = parser.parse_known_args
+
+    def parse_known_args(args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, unknown = original(args, namespace)
+        parsed.ignored_vllm_args = [*getattr(parsed, "ignored_vllm_args", []), *unknown]
+        return parsed, []
+
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign,assignment]
+
+
+def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Any:
+    """EngineConfig from vLLM-style flags and environment; raises ValueError naming a bad flag or variable."""
+    from inferencepool.engine_sim.core import LmcacheSettings
+    from inferencepool.engine_sim.profiles import DEFAULT_PROFILE, get_profile
+    from inferencepool.engine_sim.server import EngineConfig
+    from inferencepool.engine_sim.tokenizer import load_tokenizer
+
+    env = dict(os.environ if environ is None else environ)
+    words = list(args.words)
+    if words and words[0] == "serve":
+        words.pop(0)
+    if len(words) > 1:
+        raise ValueError(f"expected at most one MODEL argument, got {words}")
+    profile = get_profile(args.profile or env.get("FAKE_ENGINE_PROFILE") or DEFAULT_PROFILE)
+    profile = profile.with_overrides(
+        tensor_parallel=args.tensor_parallel_size,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        kv_block_tokens=args.block_size,
+    )
+    model = words[0] if words else (args.model or profile.model.name)
+    served = args.served_model_name or [model]
+
+    kv_config: dict[str, Any] = {}
+    if args.kv_transfer_config:
+        try:
+            kv_config = json.loads(args.kv_transfer_config)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--kv-transfer-config is not valid JSON: {exc}") from None
+        if not isinstance(kv_config, dict):
+            raise ValueError("--kv-transfer-config must be a JSON object")
+    connectors = _connectors(kv_config)
+    nixl_config = next((c for c in connectors if c.get("kv_connector") == NIXL), None)
+    nixl = nixl_config is not None or args.role in ("prefill", "decode")
+    lease = float(((nixl_config or {}).get("kv_connector_extra_config") or {}).get("kv_lease_duration", 30))
+
+    chunk_tokens = 256
+    lmcache = None
+    if any(c.get("kv_connector") == LMCACHE for c in connectors):
+        settings = _lmcache_settings(env)
+        chunk_tokens = int(settings.get("chunk_size", 256))
+        cpu_gb = (
+            float(settings.get("max_local_cpu_size", 5.0))
+            if _truthy(settings.get("local_cpu", True))
+            else 0.0
+        )
+        cpu_chunks = int(cpu_gb * 1e9 / (chunk_tokens * profile.model.kv_bytes_per_token))
+        lmcache = LmcacheSettings(
+            cpu_capacity_chunks=cpu_chunks, p2p=_truthy(settings.get("enable_p2p", False))
+        )
+
+    side_host = env.get("VLLM_NIXL_SIDE_CHANNEL_HOST") or (
+        args.host if args.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    )
+    if args.nixl_side_channel_port is not None:
+        side_port = args.nixl_side_channel_port
+    else:
+        side_port = _int_env(env, "VLLM_NIXL_SIDE_CHANNEL_PORT", 5600)
+    peers = args.p2p_peer or [p for p in env.get("FAKE_ENGINE_P2P_PEERS", "").split(",") if p]
+    time_scale = (
+        args.time_scale if args.time_scale is not None else float(env.get("FAKE_ENGINE_TIME_SCALE", "1"))
+    )
+    if time_scale <= 0:
+        raise ValueError("--time-scale must be > 0")
+    return EngineConfig(
+        profile=profile,
+        served_model_names=list(served),
+        model=model,
+        host=args.host,
+        port=args.port,
+        engine_id=str(kv_config.get("engine_id") or uuid.uuid4()),
+        nixl=nixl,
+        side_channel_host=side_host,
+        side_channel_port=side_port,
+        kv_lease_s=lease,
+        lmcache=lmcache,
+        p2p_peers=peers,
+        prefix_caching=args.enable_prefix_caching,
+        chunk_tokens=chunk_tokens,
+        time_scale=time_scale,
+        tokenizer=load_tokenizer(args.tokenizer, model),
+        role=args.role,
+    )
+
+
+def _connectors(kv_config: dict[str, Any]) -> list[dict[str, Any]]:
+    if not kv_config:
+        return []
+    if kv_config.get("kv_connector") == "MultiConnector":
+        extra = kv_config.get("kv_connector_extra_config") or {}
+        return [c for c in extra.get("connectors", []) if isinstance(c, dict)]
+    return [kv_config]
+
+
+def _lmcache_settings(env: dict[str, str]) -> dict[str, Any]:
+    """LMCache's own precedence: the YAML at LMCACHE_CONFIG_FILE, then LMCACHE_<KEY> variables."""
+    import yaml
+
+    settings: dict[str, Any] = {}
+    path = env.get("LMCACHE_CONFIG_FILE")
+    if path:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+        except OSError as exc:
+            raise ValueError(f"LMCACHE_CONFIG_FILE {path}: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ValueError(f"LMCACHE_CONFIG_FILE {path} must hold a YAML mapping")
+        settings.update(loaded)
+    for key in ("chunk_size", "local_cpu", "max_local_cpu_size", "enable_p2p"):
+        value = env.get(f"LMCACHE_{key.upper()}")
+        if value is not None:
+            settings[key] = value
+    return settings
+
+
+def _truthy(value: object) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+def _int_env(env: dict[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    log = logging.getLogger("inferencepool.fake_engine")
+    try:
+        config = build_config(args)
+    except ValueError as exc:
+        print(f"fake-engine: {exc}", file=sys.stderr)
+        return 2
+    if args.ignored_vllm_args:
+        log.info("ignoring vLLM flags the fake engine does not model: %s", " ".join(args.ignored_vllm_args))
+    return asyncio.run(_serve(config, args.drain_timeout, args.load_time))
+
+
+async def _serve(config: Any, drain_timeout: float, load_time: float) -> int:
+    from inferencepool.engine_sim.server import FakeEngine
+
+    log = logging.getLogger("inferencepool.fake_engine")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if load_time > 0:
+        log.info("loading model (simulated, %.1f s)", load_time)
+        try:
+            await asyncio.wait_for(stop.wait(), load_time)
+            return 0
+        except TimeoutError:
+            pass
+    engine = FakeEngine(config)
+    await engine.start()
+    print(f"fake engine listening on {config.host}:{engine.port}", flush=True)
+    await stop.wait()
+    log.info("shutting down: draining in-flight requests (up to %.0f s)", drain_timeout)
+    drained = await engine.drain(drain_timeout)
+    if not drained:
+        log.warning("drain timeout: aborting requests still in flight")
+    await engine.stop()
+    return 0

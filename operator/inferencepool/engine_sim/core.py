@@ -1,0 +1,580 @@
+"""The engine loop as a pure, clock-agnostic object: continuous batching, chunked prefill, KV blocks, prefix
+cache.
+
+Nothing here reads a clock or does I/O. A driver owns time:
+- the HTTP fake engine (server.py) drives it in wall-clock time with asyncio,
+- a simulator drives it in virtual time (virtual.py shows the loop in a dozen lines).
+
+The driver calls `schedule(now)` to get the next step (or None when idle), waits `step.duration`, then calls
+`complete(step)` to get the tokens the step produced. Requests that need KV from another engine (a NIXL decode
+leg) ask the driver to perform the read (`take_remote_reads`), and the driver reports back with
+`remote_read_done`. `next_wakeup()` says when something changes without new input (a transfer lands, a lease
+expires).
+
+Scheduling mirrors vLLM V1: one token budget per step (max_num_batched_tokens) shared by running requests
+first (decodes take one token, unfinished prefills take a chunk) and then waiting requests in arrival order; a
+request whose KV blocks cannot be allocated waits (num_requests_waiting), and a running request that cannot
+grow preempts the most recently admitted one, which later recomputes (vLLM's recompute preemption).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from inferencepool.engine_sim import timing
+from inferencepool.engine_sim.kv import BlockPool, LruChunkStore, SharedPrefixIndex, chunk_hashes
+from inferencepool.engine_sim.profiles import EngineProfile
+
+FINISH_LENGTH = "length"
+FINISH_STOP = "stop"
+
+
+@dataclass(frozen=True)
+class RemotePrefill:
+    """kv_transfer_params of a NIXL decode leg: where the prompt's KV waits to be read."""
+
+    engine_id: str
+    request_id: str
+    host: str
+    port: int
+    block_ids: tuple[int, ...]
+    tp_size: int = 1
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    request_id: str
+    prompt_token_ids: Sequence[int]
+    output_tokens: int  # exactly this many tokens are generated
+    finish_reason: str = FINISH_LENGTH  # reported when the last token is produced
+    remote_prefill: RemotePrefill | None = None  # decode leg: load the prompt's KV from a prefill engine
+    remote_decode: bool = False  # prefill leg: keep the KV for a decode engine to read after finishing
+
+    def __post_init__(self) -> None:
+        if self.output_tokens < 1:
+            raise ValueError("a request must generate at least one token")
+        if not self.prompt_token_ids:
+            raise ValueError("a request needs at least one prompt token")
+
+
+@dataclass(frozen=True)
+class KvHold:
+    """What a finished prefill leg keeps for the decode engine (vLLM returns it as kv_transfer_params)."""
+
+    request_id: str
+    block_ids: tuple[int, ...]
+    prompt_tokens: int
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    request_id: str
+    time: float
+    index: int  # 0 for the first output token
+    finish_reason: str | None = None  # set on the last token
+    kv_hold: KvHold | None = None  # set on the last token of a prefill leg
+
+
+@dataclass(frozen=True)
+class RequestFailed:
+    request_id: str
+    time: float
+    message: str
+
+
+Event = TokenEvent | RequestFailed
+
+
+@dataclass(frozen=True)
+class RemoteRead:
+    """A read the driver must perform against another engine (NIXL in vLLM; HTTP on loopback in the fake)."""
+
+    request_id: str
+    source: RemotePrefill
+    tokens: int
+
+
+@dataclass(frozen=True)
+class HoldRelease:
+    prompt_tokens: int
+
+
+class _State(enum.Enum):
+    WAITING = "waiting"
+    WAITING_FOR_KV = "waiting_for_kv"
+    RUNNING = "running"
+    HELD = "held"
+    DONE = "done"
+
+
+@dataclass(eq=False)
+class _Seq:
+    request: EngineRequest
+    arrival: float
+    hashes: list[bytes]
+    state: _State = _State.WAITING
+    num_computed: int = 0
+    num_output: int = 0
+    chunk_keys: list[bytes] = field(default_factory=list)
+    private_blocks: int = 0
+    pending_load_s: float = 0.0
+    kv_ready_at: float | None = None
+    external_tokens: int = 0
+    remote_kv_loaded: bool = False
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_len + self.num_output
+
+
+@dataclass(frozen=True)
+class StepEntry:
+    seq: _Seq
+    new_tokens: int
+    context_tokens: int
+
+
+@dataclass(frozen=True)
+class ScheduledStep:
+    start: float
+    duration: float
+    entries: tuple[StepEntry, ...]
+    prefill_tokens: int
+    decode_requests: int
+
+    @property
+    def end(self) -> float:
+        return self.start + self.duration
+
+
+@dataclass
+class EngineStats:
+    """Cumulative counters, named after the vLLM metrics they feed."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
+    preemptions: int = 0
+    request_success: dict[str, int] = field(default_factory=dict)
+    requests_failed: int = 0
+    steps: int = 0
+    busy_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class LmcacheSettings:
+    cpu_capacity_chunks: int
+    p2p: bool = False
+
+
+class EngineCore:
+    def __init__(
+        self,
+        profile: EngineProfile,
+        engine_id: str,
+        *,
+        prefix_caching: bool = True,
+        lmcache: LmcacheSettings | None = None,
+        nixl: bool = False,
+        kv_lease_s: float = 30.0,
+        prefix_index: SharedPrefixIndex | None = None,
+        chunk_tokens: int = 256,
+    ) -> None:
+        profile.validate()
+        self.profile = profile
+        self.engine_id = engine_id
+        self.lmcache = lmcache
+        self.nixl = nixl
+        self.kv_lease_s = kv_lease_s
+        self.prefix_index = prefix_index
+        self.pool = BlockPool(
+            total_blocks=profile.kv_capacity_blocks,
+            block_tokens=profile.kv_block_tokens,
+            chunk_tokens=chunk_tokens,
+            prefix_caching=prefix_caching,
+        )
+        self.cpu_store = LruChunkStore(lmcache.cpu_capacity_chunks) if lmcache else None
+        self.stats = EngineStats()
+        self._waiting: deque[_Seq] = deque()
+        self._running: list[_Seq] = []
+        self._transferring: list[_Seq] = []
+        self._holds: dict[str, tuple[_Seq, KvHold]] = {}
+        self._by_id: dict[str, _Seq] = {}
+        self._reads: list[RemoteRead] = []
+        self._block_ids = itertools.count()
+
+    # ----- inputs -----
+
+    @property
+    def has_kv_connector(self) -> bool:
+        return self.nixl or self.lmcache is not None
+
+    def add_request(self, request: EngineRequest, now: float) -> None:
+        if request.request_id in self._by_id:
+            raise ValueError(f"request id {request.request_id!r} is already in flight")
+        if len(request.prompt_token_ids) + request.output_tokens > self.profile.max_model_len:
+            raise ValueError(
+                f"prompt ({len(request.prompt_token_ids)}) + output ({request.output_tokens}) tokens exceed "
+                f"max_model_len {self.profile.max_model_len}"
+            )
+        seq = _Seq(
+            request=request,
+            arrival=now,
+            hashes=chunk_hashes(request.prompt_token_ids, self.pool.chunk_tokens),
+        )
+        self._by_id[request.request_id] = seq
+        self._waiting.append(seq)
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request wherever it is (client went away); its KV is freed at once."""
+        seq = self._by_id.pop(request_id, None)
+        if seq is None:
+            return False
+        if seq.state is _State.WAITING:
+            self._waiting.remove(seq)
+        elif seq.state is _State.WAITING_FOR_KV:
+            self._transferring.remove(seq)
+            self._free(seq)
+        elif seq.state is _State.RUNNING:
+            self._running.remove(seq)
+            self._free(seq)
+        elif seq.state is _State.HELD:
+            self._holds.pop(request_id, None)
+            self._free(seq)
+        seq.state = _State.DONE
+        return True
+
+    def take_remote_reads(self) -> list[RemoteRead]:
+        reads, self._reads = self._reads, []
+        return reads
+
+    def remote_read_done(self, request_id: str, now: float, error: str | None = None) -> RequestFailed | None:
+        """The driver finished contacting the source engine: start the modelled transfer, or fail the request.
+
+        A failed read fails the request, as vLLM does with kv_load_failure_policy "fail" (the request finishes
+        with an error instead of being recomputed).
+        """
+        seq = self._by_id.get(request_id)
+        if seq is None or seq.state is not _State.WAITING_FOR_KV:
+            return None
+        if error is not None:
+            self._transferring.remove(seq)
+            self._free(seq)
+            seq.state = _State.DONE
+            del self._by_id[request_id]
+            self.stats.requests_failed += 1
+            return RequestFailed(request_id, now, error)
+        seq.kv_ready_at = now + timing.nixl_transfer_time(self.profile, seq.external_tokens)
+        return None
+
+    def release_hold(
+        self, request_id: str, engine_id: str, now: float, block_ids: tuple[int, ...] | None = None
+    ) -> HoldRelease:
+        """A decode engine reads a finished prefill's KV; afterwards its blocks return to the prefix cache.
+
+        Raises LookupError as the NIXL side channel would fail: wrong engine, unknown or expired request, or
+        blocks that are not the ones held for it.
+        """
+        if engine_id != self.engine_id:
+            raise LookupError(f"engine {engine_id!r} is not this engine ({self.engine_id!r})")
+        self._expire_holds(now)
+        entry = self._holds.get(request_id)
+        if entry is None:
+            raise LookupError(
+                f"no KV blocks held for request {request_id!r} on engine {self.engine_id!r} "
+                f"(unknown request, or its {self.kv_lease_s:g} s lease expired)"
+            )
+        seq, hold = entry
+        if block_ids is not None and block_ids != hold.block_ids:
+            raise LookupError(f"block ids do not match the blocks held for request {request_id!r}")
+        del self._holds[request_id]
+        self._free(seq)
+        seq.state = _State.DONE
+        self._by_id.pop(request_id, None)
+        return HoldRelease(prompt_tokens=hold.prompt_tokens)
+
+    # ----- observation -----
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting) + len(self._transferring)
+
+    @property
+    def num_held(self) -> int:
+        return len(self._holds)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.pool.usage
+
+    def idle(self) -> bool:
+        return not (self._waiting or self._running or self._transferring)
+
+    def next_wakeup(self) -> float | None:
+        times = [s.kv_ready_at for s in self._transferring if s.kv_ready_at is not None]
+        times += [hold.expires_at for _, hold in self._holds.values()]
+        return min(times) if times else None
+
+    def cpu_chunks(self) -> list[bytes]:
+        """Chunks this engine's LMCache CPU tier holds (what p2p peers may fetch)."""
+        return list(self.cpu_store._chunks) if self.cpu_store is not None else []
+
+    # ----- the loop -----
+
+    def schedule(self, now: float) -> ScheduledStep | None:
+        self._expire_holds(now)
+        for seq in [s for s in self._transferring if s.kv_ready_at is not None and s.kv_ready_at <= now]:
+            self._transferring.remove(seq)
+            seq.state = _State.RUNNING
+            seq.remote_kv_loaded = True
+            # vLLM recomputes the last prompt token locally to get logits for the first output token
+            seq.num_computed = seq.prompt_len - 1
+            self._running.append(seq)
+
+        budget = self.profile.max_num_batched_tokens
+        entries: list[StepEntry] = []
+        load_s = 0.0
+        scheduled: set[int] = set()
+        index = 0
+        preemptions_before = self.stats.preemptions
+        while index < len(self._running) and budget > 0:
+            seq = self._running[index]
+            new = min(seq.total_tokens - seq.num_computed, budget)
+            if not self._grow(seq, seq.num_computed + new, scheduled):
+                # seq itself was preempted (it was the lowest priority left)
+                continue
+            entries.append(StepEntry(seq, new, seq.num_computed))
+            scheduled.add(id(seq))
+            load_s += seq.pending_load_s
+            seq.pending_load_s = 0.0
+            budget -= new
+            index += 1
+
+        # as vLLM: no admissions in a step that had to preempt (memory is short; admitting would thrash)
+        while (
+            self._waiting
+            and budget > 0
+            and len(self._running) < self.profile.max_num_seqs
+            and self.stats.preemptions == preemptions_before
+        ):
+            seq = self._waiting[0]
+            admitted = self._admit(seq, budget)
+            if admitted is None:
+                break
+            self._waiting.popleft()
+            if seq.state is _State.WAITING_FOR_KV:
+                continue
+            entries.append(admitted)
+            load_s += seq.pending_load_s
+            seq.pending_load_s = 0.0
+            budget -= admitted.new_tokens
+
+        if not entries:
+            return None
+        prefill_chunks = [
+            timing.PrefillChunk(e.new_tokens, e.context_tokens)
+            for e in entries
+            if e.context_tokens < e.seq.prompt_len
+        ]
+        decode_contexts = [e.context_tokens for e in entries if e.context_tokens >= e.seq.prompt_len]
+        duration = timing.step_time(self.profile, prefill_chunks, decode_contexts, load_s)
+        self.stats.steps += 1
+        self.stats.busy_seconds += duration
+        return ScheduledStep(
+            start=now,
+            duration=duration,
+            entries=tuple(entries),
+            prefill_tokens=sum(c.new_tokens for c in prefill_chunks),
+            decode_requests=len(decode_contexts),
+        )
+
+    def complete(self, step: ScheduledStep) -> list[Event]:
+        now = step.end
+        events: list[Event] = []
+        for entry in step.entries:
+            seq = entry.seq
+            if seq.state is not _State.RUNNING:
+                continue  # aborted or preempted while the step ran
+            seq.num_computed += entry.new_tokens
+            self._publish_computed_chunks(seq)
+            if seq.num_computed < seq.total_tokens:
+                continue  # a prefill chunk that did not reach the end of the prompt
+            index = seq.num_output
+            seq.num_output += 1
+            self.stats.generation_tokens += 1
+            if index == 0:
+                self.stats.prompt_tokens += seq.prompt_len
+            if seq.num_output < seq.request.output_tokens:
+                events.append(TokenEvent(seq.request.request_id, now, index))
+                continue
+            events.append(self._finish(seq, now, index))
+        return events
+
+    # ----- internals -----
+
+    def _finish(self, seq: _Seq, now: float, index: int) -> TokenEvent:
+        request = seq.request
+        self._running.remove(seq)
+        reason = request.finish_reason
+        self.stats.request_success[reason] = self.stats.request_success.get(reason, 0) + 1
+        if request.remote_decode and self.nixl and reason == FINISH_LENGTH:
+            blocks = len(seq.chunk_keys) * self.pool.blocks_per_chunk + seq.private_blocks
+            hold = KvHold(
+                request_id=request.request_id,
+                block_ids=tuple(next(self._block_ids) for _ in range(blocks)),
+                prompt_tokens=seq.prompt_len,
+                expires_at=now + self.kv_lease_s,
+            )
+            seq.state = _State.HELD
+            self._holds[request.request_id] = (seq, hold)
+            return TokenEvent(request.request_id, now, index, reason, hold)
+        self._free(seq)
+        seq.state = _State.DONE
+        self._by_id.pop(request.request_id, None)
+        return TokenEvent(request.request_id, now, index, reason)
+
+    def _expire_holds(self, now: float) -> None:
+        for request_id, (seq, hold) in list(self._holds.items()):
+            if hold.expires_at <= now:
+                del self._holds[request_id]
+                self._free(seq)
+                seq.state = _State.DONE
+                self._by_id.pop(request_id, None)
+
+    def _free(self, seq: _Seq) -> None:
+        self.pool.unuse(seq.chunk_keys)
+        self.pool.release(seq.private_blocks)
+        seq.chunk_keys = []
+        seq.private_blocks = 0
+
+    def _blocks_needed(self, seq: _Seq, tokens: int) -> int:
+        beyond_chunks = tokens - len(seq.chunk_keys) * self.pool.chunk_tokens
+        return max(0, self.pool.blocks_for(beyond_chunks) - seq.private_blocks)
+
+    def _grow(self, seq: _Seq, tokens: int, scheduled: set[int]) -> bool:
+        """Make room for `tokens` of KV for a running seq, preempting from the back of the running list."""
+        need = self._blocks_needed(seq, tokens)
+        while not self.pool.allocate(need):
+            victim = self._running[-1]
+            self._preempt(victim)
+            if victim is seq:
+                return False
+            if id(victim) in scheduled:
+                raise AssertionError("preempted a request already scheduled in this step")
+        seq.private_blocks += need
+        return True
+
+    def _preempt(self, seq: _Seq) -> None:
+        self._running.remove(seq)
+        self._free(seq)
+        seq.num_computed = 0
+        seq.state = _State.WAITING
+        self._waiting.appendleft(seq)
+        self.stats.preemptions += 1
+
+    def _admit(self, seq: _Seq, budget: int) -> StepEntry | None:
+        """Try to start a waiting request; None when its KV does not fit (it keeps waiting, and so do those
+        behind)."""
+        # at least one prompt token is always computed locally (vLLM needs its logits)
+        lookup = seq.hashes[: (seq.prompt_len - 1) // self.pool.chunk_tokens]
+        gpu_chunks = self.pool.cached_prefix(lookup)
+        self.pool.acquire(lookup[:gpu_chunks])
+        seq.chunk_keys = list(lookup[:gpu_chunks])
+        gpu_tokens = gpu_chunks * self.pool.chunk_tokens
+        remote = seq.request.remote_prefill
+        if remote is not None and self.nixl and not seq.remote_kv_loaded:
+            need = self._blocks_needed(seq, seq.prompt_len)
+            if not self.pool.allocate(need):
+                self._undo_admission(seq)
+                return None
+            seq.private_blocks = need
+            seq.external_tokens = seq.prompt_len - gpu_tokens
+            self._record_admission(seq, gpu_tokens, seq.external_tokens)
+            seq.state = _State.WAITING_FOR_KV
+            self._transferring.append(seq)
+            self._reads.append(RemoteRead(seq.request.request_id, remote, seq.external_tokens))
+            return StepEntry(seq, 0, 0)
+
+        cpu_tokens, peer_tokens = self._external_prefix(lookup, gpu_chunks)
+        computed = gpu_tokens + cpu_tokens + peer_tokens
+        new = min(seq.total_tokens - computed, budget)
+        need = self._blocks_needed(seq, computed + new)
+        if not self.pool.allocate(need):
+            self._undo_admission(seq)
+            return None
+        seq.private_blocks = need
+        seq.num_computed = computed
+        seq.pending_load_s = timing.host_load_time(self.profile, cpu_tokens) + timing.kv_transfer_time(
+            self.profile, peer_tokens, self.profile.hardware.kv_link_bytes_per_s
+        )
+        self._record_admission(seq, gpu_tokens, cpu_tokens + peer_tokens)
+        seq.state = _State.RUNNING
+        self._running.append(seq)
+        return StepEntry(seq, new, computed)
+
+    def _undo_admission(self, seq: _Seq) -> None:
+        self.pool.unuse(seq.chunk_keys)
+        seq.chunk_keys = []
+
+    def _record_admission(self, seq: _Seq, gpu_hit_tokens: int, external_hit_tokens: int) -> None:
+        self.stats.prefix_cache_queries += seq.prompt_len
+        self.stats.prefix_cache_hits += gpu_hit_tokens
+        if self.has_kv_connector:
+            self.stats.external_prefix_cache_queries += seq.prompt_len - gpu_hit_tokens
+            self.stats.external_prefix_cache_hits += external_hit_tokens
+
+    def _external_prefix(self, lookup: Sequence[bytes], start: int) -> tuple[int, int]:
+        """LMCache: tokens after the GPU hit found in this engine's CPU tier, then at a peer (p2p)."""
+        if self.cpu_store is None or self.lmcache is None:
+            return 0, 0
+        cpu = peer = 0
+        for key in lookup[start:]:
+            if key in self.cpu_store:
+                self.cpu_store.touch(key)
+                cpu += 1
+            elif (
+                self.lmcache.p2p
+                and self.prefix_index is not None
+                and self.prefix_index.holder(key, self.engine_id)
+            ):
+                peer += 1
+            else:
+                break
+        return cpu * self.pool.chunk_tokens, peer * self.pool.chunk_tokens
+
+    def _publish_computed_chunks(self, seq: _Seq) -> None:
+        """Chunks whose every prompt token now has KV become prefix-cache entries (LMCache stores them)."""
+        complete_chunks = min(seq.num_computed, seq.prompt_len) // self.pool.chunk_tokens
+        while len(seq.chunk_keys) < complete_chunks:
+            key = seq.hashes[len(seq.chunk_keys)]
+            first_copy = self.pool.publish(key)
+            seq.private_blocks -= self.pool.blocks_per_chunk
+            if not first_copy:
+                self.pool.release(self.pool.blocks_per_chunk)
+            seq.chunk_keys.append(key)
+            self._store_in_lmcache(key)
+
+    def _store_in_lmcache(self, key: bytes) -> None:
+        if self.cpu_store is None:
+            return
+        evicted = self.cpu_store.store(key)
+        if self.prefix_index is not None and self.lmcache is not None and self.lmcache.p2p:
+            self.prefix_index.add(self.engine_id, key)
+            if evicted is not None:
+                self.prefix_index.remove(self.engine_id, evicted)

@@ -1,0 +1,103 @@
+"""vLLM's Prometheus metrics for the fake engine: names, labels and histogram buckets as vLLM 0.33 has them.
+
+Latency histograms are observed by the server as tokens leave (wall clock, like vLLM's output processor);
+gauges and counters are read from the engine core at scrape time, so they can never drift from the core's own
+state. Each engine gets its own registry, so several engines can live in one process (tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from inferencepool.engine_sim.core import EngineCore
+
+LABELS = ("model_name", "engine")
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
+
+class _CoreCollector(Collector):
+    def __init__(self, core: EngineCore, labels: tuple[str, str]) -> None:
+        self._core = core
+        self._labels = list(labels)
+
+    def collect(self) -> Iterator[Metric]:
+        core, values = self._core, self._labels
+        stats = core.stats
+        gauges = (
+            ("vllm:num_requests_running", "Number of requests in model execution batches.", core.num_running),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", core.num_waiting),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", core.kv_usage),
+        )
+        for name, doc, value in gauges:
+            gauge = GaugeMetricFamily(name, doc, labels=LABELS)
+            gauge.add_metric(values, value)
+            yield gauge
+        counters = (
+            ("vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens),
+            ("vllm:generation_tokens", "Number of generation tokens processed.", stats.generation_tokens),
+            ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+             stats.prefix_cache_queries),
+            ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+             stats.prefix_cache_hits),
+            ("vllm:external_prefix_cache_queries",
+             "External prefix cache queries from KV connector cross-instance cache sharing, in terms of "
+             "number of queried tokens.", stats.external_prefix_cache_queries),
+            ("vllm:external_prefix_cache_hits",
+             "External prefix cache hits from KV connector cross-instance cache sharing, in terms of "
+             "number of cached tokens.", stats.external_prefix_cache_hits),
+            ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", stats.preemptions),
+        )  # fmt: skip
+        for name, doc, value in counters:
+            counter = CounterMetricFamily(name, doc, labels=LABELS)
+            counter.add_metric(values, value)
+            yield counter
+        success = CounterMetricFamily(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            labels=[*LABELS, "finished_reason"],
+        )
+        for reason in ("stop", "length", "abort"):
+            success.add_metric([*values, reason], stats.request_success.get(reason, 0))
+        yield success
+
+
+class EngineMetrics:
+    def __init__(self, core: EngineCore, model_name: str, engine_index: str = "0") -> None:
+        self.registry = CollectorRegistry()
+        labels = (model_name, engine_index)
+        self.registry.register(_CoreCollector(core, labels))
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            LABELS,
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        ).labels(*labels)
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            LABELS,
+            buckets=ITL_BUCKETS,
+            registry=self.registry,
+        ).labels(*labels)
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            LABELS,
+            buckets=REQUEST_LATENCY_BUCKETS,
+            registry=self.registry,
+        ).labels(*labels)

@@ -1,0 +1,408 @@
+"""vLLM's OpenAI-compatible request and response shapes, as pure functions (no HTTP library here).
+
+Shapes follow vllm/entrypoints/openai (CompletionResponse, ChatCompletionResponse, their stream chunks,
+ErrorResponse from vllm/entrypoints/serve/utils/error_response.py): errors are `{"error": {"message", "type",
+"param", "code"}}` with code the HTTP status; an unknown model is 404 NotFoundError with param "model"
+(OpenAIModelRegistry.check_model); a body that does not parse is 400 with type "Bad Request" (vLLM's
+RequestValidationError handler); sampling-parameter and length errors are 400 BadRequestError.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from inferencepool.engine_sim.core import RemotePrefill
+from inferencepool.engine_sim.tokenizer import Tokenizer, prompt_seed, render_chat
+
+Kind = Literal["completion", "chat"]
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest default
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, err_type: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.err_type = err_type
+        self.message = message
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.status, self.err_type, self.message, self.param)
+
+
+def error_body(status: int, err_type: str, message: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+
+
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, "BadRequestError", message, param)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    kind: Kind
+    model: str
+    prompt_token_ids: list[int]
+    output_tokens: int
+    finish_reason: str
+    stream: bool
+    include_usage: bool
+    remote_prefill: RemotePrefill | None
+    remote_decode: bool
+    seed: int
+
+
+def parse_json_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "Bad Request", f"JSON decode error: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "Bad Request", "the request body must be a JSON object")
+    return body
+
+
+def check_model(body: dict[str, Any], served_names: list[str]) -> str:
+    model = body.get("model")
+    if model is None or model == "":
+        return served_names[0]
+    if not isinstance(model, str) or model not in served_names:
+        raise ApiError(404, "NotFoundError", f"The model `{model}` does not exist.", "model")
+    return model
+
+
+def parse_generation(
+    kind: Kind,
+    body: dict[str, Any],
+    served_names: list[str],
+    tokenizer: Tokenizer,
+    max_model_len: int,
+) -> GenerationRequest:
+    model = check_model(body, served_names)
+    if kind == "completion":
+        prompt_ids = _completion_prompt_ids(body, tokenizer)
+        max_tokens = _optional_int(body, "max_tokens")
+    else:
+        prompt_ids = tokenizer.encode(
+            render_chat(_messages(body), bool(body.get("add_generation_prompt", True)))
+        )
+        max_tokens = _optional_int(body, "max_completion_tokens")
+        if max_tokens is None:
+            max_tokens = _optional_int(body, "max_tokens")
+    n = body.get("n", 1)
+    if n != 1:
+        raise bad_request("the fake engine generates one choice per request (n must be 1)", "n")
+    if not prompt_ids:
+        raise bad_request("The prompt cannot be empty.", "prompt")
+
+    prompt_len = len(prompt_ids)
+    if prompt_len >= max_model_len:
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+            f"{prompt_len} input tokens. Please reduce the length of the input messages.",
+            "input_tokens",
+        )
+    seed = prompt_seed(prompt_ids)
+    if max_tokens is not None:
+        if max_tokens < 1:
+            raise bad_request(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
+        if prompt_len + max_tokens > max_model_len:
+            raise bad_request(
+                f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+                f"{max_tokens} output tokens and your prompt contains at least {prompt_len} input tokens, "
+                f"for a total of at least {prompt_len + max_tokens} tokens. Please reduce the length of the "
+                "input prompt or the number of requested output tokens.",
+                "max_tokens",
+            )
+        output_tokens, finish_reason = max_tokens, "length"
+    elif kind == "completion":
+        output_tokens = min(COMPLETION_DEFAULT_MAX_TOKENS, max_model_len - prompt_len)
+        finish_reason = "length"
+    else:
+        # A model stops on its own; the fake picks a deterministic natural length for this prompt.
+        output_tokens = min(32 + seed % 97, max_model_len - prompt_len)
+        finish_reason = "stop"
+
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad_request("stream must be a boolean", "stream")
+    stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, dict):
+        raise bad_request("stream_options must be an object", "stream_options")
+    if stream_options and not stream:
+        raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
+    remote_prefill, remote_decode = parse_kv_transfer_params(body.get("kv_transfer_params"))
+    return GenerationRequest(
+        kind=kind,
+        model=model,
+        prompt_token_ids=prompt_ids,
+        output_tokens=output_tokens,
+        finish_reason=finish_reason,
+        stream=stream,
+        include_usage=bool(stream_options.get("include_usage", False)),
+        remote_prefill=remote_prefill,
+        remote_decode=remote_decode,
+        seed=seed,
+    )
+
+
+def parse_kv_transfer_params(params: object) -> tuple[RemotePrefill | None, bool]:
+    """NixlConnector's fields: do_remote_decode on a prefill leg; do_remote_prefill + where on a decode leg.
+
+    Incomplete decode-leg params are ignored (the request is prefilled locally), as NixlConnectorScheduler
+    does with a warning ("Got invalid KVTransferParams").
+    """
+    if params is None:
+        return None, False
+    if not isinstance(params, dict):
+        raise bad_request("kv_transfer_params must be an object", "kv_transfer_params")
+    if params.get("do_remote_prefill"):
+        try:
+            block_ids = _flatten_block_ids(params["remote_block_ids"])
+            remote = RemotePrefill(
+                engine_id=str(params["remote_engine_id"]),
+                request_id=str(params["remote_request_id"]),
+                host=str(params["remote_host"]),
+                port=int(params["remote_port"]),
+                block_ids=block_ids,
+                tp_size=int(params.get("tp_size") or 1),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None, False
+        return remote, False
+    return None, bool(params.get("do_remote_decode"))
+
+
+def _flatten_block_ids(value: object) -> tuple[int, ...]:
+    # one list per KV cache group in recent vLLM, a flat list in older ones
+    if not isinstance(value, list):
+        raise TypeError("remote_block_ids must be a list")
+    flat: list[int] = []
+    for item in value:
+        if isinstance(item, list):
+            flat.extend(int(x) for x in item)
+        else:
+            flat.append(int(item))
+    return tuple(flat)
+
+
+def kv_transfer_params_for(
+    engine_id: str, request_id: str, block_ids: tuple[int, ...], host: str, port: int, tp_size: int
+) -> dict[str, Any]:
+    """What a prefill leg returns (NixlConnectorScheduler.request_finished)."""
+    return {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_block_ids": [list(block_ids)],
+        "remote_engine_id": engine_id,
+        "remote_request_id": request_id,
+        "remote_host": host,
+        "remote_port": port,
+        "tp_size": tp_size,
+    }
+
+
+def _completion_prompt_ids(body: dict[str, Any], tokenizer: Tokenizer) -> list[int]:
+    if "prompt" not in body or body["prompt"] is None:
+        raise ApiError(400, "Bad Request", "Field required: prompt", "prompt")
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return list(prompt)
+    if isinstance(prompt, list):
+        raise bad_request("the fake engine takes one prompt per request (no batched prompts)", "prompt")
+    raise ApiError(
+        400,
+        "Bad Request",
+        "prompt must be a string, a list of token ids, or a list of one of those",
+        "prompt",
+    )
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, object]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "Bad Request", "Field required: messages (a non-empty list)", "messages")
+    for message in messages:
+        if not isinstance(message, dict) or "role" not in message:
+            raise ApiError(400, "Bad Request", "each message must be an object with a role", "messages")
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise ApiError(
+                400, "Bad Request", "message content must be a string or a list of parts", "messages"
+            )
+    return messages
+
+
+def _optional_int(body: dict[str, Any], key: str) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, "Bad Request", f"{key} must be an integer", key)
+    return value
+
+
+def tokenize(
+    body: dict[str, Any], served_names: list[str], tokenizer: Tokenizer, max_model_len: int
+) -> dict[str, Any]:
+    check_model(body, served_names)
+    if "messages" in body:
+        ids = tokenizer.encode(render_chat(_messages(body), bool(body.get("add_generation_prompt", True))))
+    elif isinstance(body.get("prompt"), str):
+        ids = tokenizer.encode(body["prompt"])
+    else:
+        raise ApiError(400, "Bad Request", "Field required: prompt (a string) or messages", "prompt")
+    return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids, "token_strs": None}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None,
+    }
+
+
+def response_id(kind: Kind, request_id: str) -> str:
+    return f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{request_id}"
+
+
+def full_response(
+    req: GenerationRequest,
+    response_id_: str,
+    text: str,
+    completion_tokens: int,
+    finish_reason: str,
+    kv_transfer_params: dict[str, Any] | None,
+    created: int | None = None,
+) -> dict[str, Any]:
+    created = int(time.time()) if created is None else created
+    if req.kind == "completion":
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": None,
+            "prompt_logprobs": None,
+        }
+        obj = "text_completion"
+    else:
+        choice = {
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": text,
+                "refusal": None,
+                "tool_calls": [],
+                "reasoning": None,
+            },
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": None,
+        }
+        obj = "chat.completion"
+    return {
+        "id": response_id_,
+        "object": obj,
+        "created": created,
+        "model": req.model,
+        "choices": [choice],
+        "usage": usage(len(req.prompt_token_ids), completion_tokens),
+        "system_fingerprint": None,
+        "prompt_logprobs": None,
+        "kv_transfer_params": kv_transfer_params,
+    }
+
+
+class StreamEncoder:
+    """SSE chunks for one streamed request; a token chunk is two constant byte strings around the text."""
+
+    def __init__(self, req: GenerationRequest, response_id_: str, created: int | None = None) -> None:
+        self.req = req
+        created = int(time.time()) if created is None else created
+        self._head = {"id": response_id_, "created": created, "model": req.model}
+        if req.kind == "completion":
+            self._object = "text_completion"
+            self._prefix = (
+                f'data: {{"id":{json.dumps(response_id_)},"object":"text_completion","created":{created},'
+                f'"model":{json.dumps(req.model)},"choices":[{{"index":0,"text":'
+            ).encode()
+            self._suffix = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+        else:
+            self._object = "chat.completion.chunk"
+            self._prefix = (
+                f'data: {{"id":{json.dumps(response_id_)},"object":"chat.completion.chunk",'
+                f'"created":{created},'
+                f'"model":{json.dumps(req.model)},"choices":[{{"index":0,"delta":{{"content":'
+            ).encode()
+            self._suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+
+    def _event(self, payload: dict[str, Any]) -> bytes:
+        return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+    def role_chunk(self) -> bytes | None:
+        """Chat streams open with the assistant role (vLLM sends it before any content)."""
+        if self.req.kind != "chat":
+            return None
+        return self._event(
+            {
+                **self._head,
+                "object": self._object,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+        )
+
+    def token_chunk(self, text: str) -> bytes:
+        return self._prefix + json.dumps(text).encode() + self._suffix
+
+    def final_chunk(self, text: str, finish_reason: str) -> bytes:
+        if self.req.kind == "completion":
+            choice: dict[str, Any] = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": None,
+            }
+        else:
+            choice = {
+                "index": 0,
+                "delta": {"content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": None,
+            }
+        return self._event({**self._head, "object": self._object, "choices": [choice]})
+
+    def usage_chunk(self, completion_tokens: int) -> bytes:
+        return self._event(
+            {
+                **self._head,
+                "object": self._object,
+                "choices": [],
+                "usage": usage(len(self.req.prompt_token_ids), completion_tokens),
+            }
+        )
+
+    def error_chunk(self, status: int, err_type: str, message: str) -> bytes:
+        return self._event(error_body(status, err_type, message))
+
+    @staticmethod
+    def done() -> bytes:
+        return b"data: [DONE]\n\n"

@@ -1,0 +1,531 @@
+"""The fake engine's HTTP shell: vLLM's OpenAI-compatible API around the pure EngineCore, driven in wall-clock
+time.
+
+Two listeners, as vLLM has:
+- the API port (--port): /v1/completions, /v1/chat/completions, /tokenize, /v1/models, /health, /version,
+  /metrics;
+- the NIXL side channel (VLLM_NIXL_SIDE_CHANNEL_HOST:VLLM_NIXL_SIDE_CHANNEL_PORT, 5600 by default), only when
+  a NIXL connector is configured. Real vLLM answers a ZMQ handshake there and then reads KV blocks by RDMA;
+  the fake answers HTTP on the same address: a decode engine POSTs /nixl/read_blocks naming the prefill
+  engine, request and blocks from kv_transfer_params, which releases the prefill engine's lease (or fails:
+  wrong engine, unknown or expired request), and the decode engine then pays the modelled transfer time. Its
+  /lmcache/chunks lists the prefix chunks this engine's LMCache CPU tier holds, which p2p peers mirror into
+  their prefix index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import ClientError, ClientSession, ClientTimeout, web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from inferencepool import __version__
+from inferencepool.engine_sim import protocol
+from inferencepool.engine_sim.core import (
+    EngineCore,
+    EngineRequest,
+    LmcacheSettings,
+    RemoteRead,
+    RequestFailed,
+    TokenEvent,
+)
+from inferencepool.engine_sim.kv import SharedPrefixIndex
+from inferencepool.engine_sim.metrics import EngineMetrics
+from inferencepool.engine_sim.profiles import EngineProfile
+from inferencepool.engine_sim.tokenizer import EstimateTokenizer, Tokenizer
+
+log = logging.getLogger("inferencepool.fake_engine")
+
+VLLM_VERSION = "0.33.0"  # the vLLM release whose API this fake reproduces
+READ_TIMEOUT_S = 10.0
+# A step may start this far behind schedule and still be charged from where the previous one ended, so timer
+# overshoot of asyncio.sleep does not accumulate into ITL; beyond it the engine is CPU-bound and time slips.
+SCHEDULE_SLACK_S = 0.003
+
+
+@dataclass
+class EngineConfig:
+    profile: EngineProfile
+    served_model_names: list[str]
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    engine_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    nixl: bool = False
+    side_channel_host: str = "127.0.0.1"
+    side_channel_port: int = 5600
+    kv_lease_s: float = 30.0
+    lmcache: LmcacheSettings | None = None
+    p2p_peers: list[str] = field(default_factory=list)  # side-channel "host:port" of peers, for p2p mirrors
+    p2p_refresh_s: float = 0.5
+    prefix_caching: bool = True
+    chunk_tokens: int = 256
+    time_scale: float = 1.0
+    tokenizer: Tokenizer = field(default_factory=EstimateTokenizer)
+    role: str = "both"
+
+
+@dataclass
+class _Stream:
+    queue: asyncio.Queue[TokenEvent | RequestFailed]
+    arrival_wall: float
+    last_token_wall: float | None = None
+
+
+class FakeEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        if config.time_scale <= 0:
+            raise ValueError("time scale must be > 0")
+        self.config = config
+        self.prefix_index = SharedPrefixIndex() if config.lmcache and config.lmcache.p2p else None
+        self.core = EngineCore(
+            config.profile,
+            config.engine_id,
+            prefix_caching=config.prefix_caching,
+            lmcache=config.lmcache,
+            nixl=config.nixl,
+            kv_lease_s=config.kv_lease_s,
+            prefix_index=self.prefix_index,
+            chunk_tokens=config.chunk_tokens,
+        )
+        self.metrics = EngineMetrics(self.core, config.served_model_names[0])
+        self._streams: dict[str, _Stream] = {}
+        self._wake = asyncio.Event()
+        self._draining = False
+        self._t0 = time.monotonic()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._session: ClientSession | None = None
+        self._runners: list[web.AppRunner] = []
+        self._api_site: web.TCPSite | None = None
+        self._ids = itertools.count()
+        self.port: int | None = None
+        self.side_channel_port: int | None = None
+
+    # ----- lifecycle -----
+
+    async def start(self) -> None:
+        self._session = ClientSession(timeout=ClientTimeout(total=READ_TIMEOUT_S))
+        self._loop_task = asyncio.create_task(self._engine_loop(), name="engine-loop")
+        if self.config.nixl or self.config.lmcache:
+            self.side_channel_port = await self._start_side_channel()
+        runner = web.AppRunner(self.api_app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        self._runners.append(runner)
+        self._api_site = web.TCPSite(runner, self.config.host, self.config.port)
+        await self._api_site.start()
+        self.port = _bound_port(self._api_site)
+        if self.prefix_index is not None and self.config.p2p_peers:
+            self._spawn(self._mirror_peers())
+        log.info(
+            "fake engine %s (%s) serving %s on %s:%s, tokenizer %s, profile %s, NIXL %s",
+            self.config.engine_id,
+            self.config.role,
+            ",".join(self.config.served_model_names),
+            self.config.host,
+            self.port,
+            self.config.tokenizer.name,
+            self.config.profile.name,
+            f"side channel {self.config.side_channel_host}:{self.side_channel_port}"
+            if self.config.nixl
+            else "off",
+        )
+
+    async def _start_side_channel(self) -> int:
+        app = web.Application()
+        app.router.add_post("/nixl/read_blocks", self._handle_read_blocks)
+        app.router.add_get("/lmcache/chunks", self._handle_lmcache_chunks)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        self._runners.append(runner)
+        site = web.TCPSite(runner, self.config.side_channel_host, self.config.side_channel_port)
+        try:
+            await site.start()
+        except OSError as exc:
+            # Two fake engines on one address (a laptop, not a pod) would both want 5600; vLLM would fail
+            # here.
+            log.warning(
+                "side channel port %s unavailable (%s); using an ephemeral port",
+                self.config.side_channel_port,
+                exc,
+            )
+            site = web.TCPSite(runner, self.config.side_channel_host, 0)
+            await site.start()
+        return _bound_port(site)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Stop accepting requests and wait (bounded) for in-flight ones; True when all finished."""
+        self._draining = True
+        if self._api_site is not None:
+            await self._api_site.stop()  # closes the listening socket; open connections keep streaming
+        deadline = time.monotonic() + timeout_s
+        while self._streams and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return not self._streams
+
+    async def stop(self) -> None:
+        self._draining = True
+        for task in [self._loop_task, *self._tasks]:
+            if task is not None:
+                task.cancel()
+        for task in [self._loop_task, *self._tasks]:
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        for runner in self._runners:
+            await runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ----- the engine loop (wall clock) -----
+
+    def _model_now(self) -> float:
+        return (time.monotonic() - self._t0) / self.config.time_scale
+
+    async def _engine_loop(self) -> None:
+        scale = self.config.time_scale
+        previous_end: float | None = None
+        while True:
+            self._start_reads()
+            now = self._model_now()
+            if previous_end is not None and now - previous_end <= SCHEDULE_SLACK_S / scale:
+                now = previous_end
+            step = self.core.schedule(now)
+            if step is None:
+                previous_end = None
+                wake = self.core.next_wakeup()
+                self._wake.clear()
+                timeout = None if wake is None else max(0.0, (wake - self._model_now()) * scale)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                continue
+            delay = (step.end - self._model_now()) * scale
+            await asyncio.sleep(max(0.0, delay))
+            previous_end = step.end
+            for event in self.core.complete(step):
+                self._deliver(event)
+
+    def _deliver(self, event: TokenEvent | RequestFailed) -> None:
+        stream = self._streams.get(event.request_id)
+        if stream is None:
+            return
+        wall = time.monotonic()
+        if isinstance(event, TokenEvent):
+            if stream.last_token_wall is None:
+                self.metrics.ttft.observe(wall - stream.arrival_wall)
+            else:
+                self.metrics.itl.observe(wall - stream.last_token_wall)
+            stream.last_token_wall = wall
+            if event.finish_reason is not None:
+                self.metrics.e2e.observe(wall - stream.arrival_wall)
+        stream.queue.put_nowait(event)
+
+    def _start_reads(self) -> None:
+        for read in self.core.take_remote_reads():
+            self._spawn(self._remote_read(read))
+
+    async def _remote_read(self, read: RemoteRead) -> None:
+        source = read.source
+        url = f"http://{_url_host(source.host)}:{source.port}/nixl/read_blocks"
+        payload = {
+            "engine_id": source.engine_id,
+            "request_id": source.request_id,
+            "block_ids": list(source.block_ids),
+        }
+        error: str | None = None
+        assert self._session is not None
+        try:
+            async with self._session.post(url, json=payload) as response:
+                if response.status != 200:
+                    detail = (await response.json(content_type=None)).get("error", {}).get("message", "")
+                    error = (
+                        f"KV transfer from engine {source.engine_id} at {source.host}:{source.port} "
+                        f"failed: {detail}"
+                    )
+        except (ClientError, TimeoutError, ValueError) as exc:
+            error = (
+                f"KV transfer from engine {source.engine_id} at {source.host}:{source.port} failed: "
+                f"cannot reach its NIXL side channel ({exc.__class__.__name__}: {exc})"
+            )
+        failure = self.core.remote_read_done(read.request_id, self._model_now(), error)
+        if failure is not None:
+            self._deliver(failure)
+        self._wake.set()
+
+    async def _mirror_peers(self) -> None:
+        """Keep the p2p prefix index in step with peers' LMCache CPU tiers (as LMCache's controller does)."""
+        assert self._session is not None and self.prefix_index is not None
+        while True:
+            for peer in self.config.p2p_peers:
+                try:
+                    async with self._session.get(f"http://{peer}/lmcache/chunks") as response:
+                        body = await response.json()
+                    self.prefix_index.replace_engine(
+                        body["engine_id"], [bytes.fromhex(h) for h in body["chunks"]]
+                    )
+                except (ClientError, TimeoutError, ValueError, KeyError) as exc:
+                    log.debug("p2p peer %s not reachable: %s", peer, exc)
+            await asyncio.sleep(self.config.p2p_refresh_s)
+
+    # ----- side channel -----
+
+    async def _handle_read_blocks(self, request: web.Request) -> web.Response:
+        try:
+            body = protocol.parse_json_body(await request.read())
+            release = self.core.release_hold(
+                str(body["request_id"]),
+                str(body["engine_id"]),
+                self._model_now(),
+                tuple(int(b) for b in body.get("block_ids", [])),
+            )
+        except protocol.ApiError as exc:
+            return _json(exc.body(), exc.status)
+        except (KeyError, TypeError, ValueError) as exc:
+            return _json(protocol.error_body(400, "BadRequestError", f"malformed read request: {exc}"), 400)
+        except LookupError as exc:
+            return _json(protocol.error_body(404, "NotFoundError", str(exc.args[0])), 404)
+        self._wake.set()
+        return _json({"prompt_tokens": release.prompt_tokens, "engine_id": self.config.engine_id})
+
+    async def _handle_lmcache_chunks(self, request: web.Request) -> web.Response:
+        return _json(
+            {"engine_id": self.config.engine_id, "chunks": [c.hex() for c in self.core.cpu_chunks()]}
+        )
+
+    # ----- API -----
+
+    def api_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/version", self._version)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=503 if self._draining else 200)
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return _json(
+            {
+                "version": VLLM_VERSION,
+                "fake_engine": {
+                    "inferencepool": __version__,
+                    "profile": self.config.profile.name,
+                    "tokenizer": self.config.tokenizer.name,
+                    "engine_id": self.config.engine_id,
+                    "role": self.config.role,
+                },
+            }
+        )
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        created = int(time.time())
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": self.config.model,
+                "parent": None,
+                "max_model_len": self.config.profile.max_model_len,
+                "permission": [
+                    {
+                        "id": f"modelperm-{uuid.uuid4().hex}",
+                        "object": "model_permission",
+                        "created": created,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": True,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
+            }
+            for name in self.config.served_model_names
+        ]
+        return _json({"object": "list", "data": data})
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        try:
+            body = protocol.parse_json_body(await request.read())
+            result = protocol.tokenize(
+                body, self.config.served_model_names, self.config.tokenizer, self.config.profile.max_model_len
+            )
+        except protocol.ApiError as exc:
+            return _json(exc.body(), exc.status)
+        return _json(result)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate("completion", request)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate("chat", request)
+
+    def _new_request_id(self, request: web.Request, kind: protocol.Kind) -> str:
+        base = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        request_id = protocol.response_id(kind, base)
+        if request_id in self._streams:
+            request_id = f"{request_id}-{next(self._ids)}"
+        return request_id
+
+    async def _generate(self, kind: protocol.Kind, request: web.Request) -> web.StreamResponse:
+        if self._draining:
+            return _json(
+                protocol.error_body(503, "ServiceUnavailableError", "The engine is shutting down."), 503
+            )
+        arrival_wall = time.monotonic()
+        try:
+            body = protocol.parse_json_body(await request.read())
+            req = protocol.parse_generation(
+                kind,
+                body,
+                self.config.served_model_names,
+                self.config.tokenizer,
+                self.config.profile.max_model_len,
+            )
+        except protocol.ApiError as exc:
+            return _json(exc.body(), exc.status)
+        request_id = self._new_request_id(request, kind)
+        stream = _Stream(queue=asyncio.Queue(), arrival_wall=arrival_wall)
+        self._streams[request_id] = stream
+        finished = False
+        try:
+            self.core.add_request(
+                EngineRequest(
+                    request_id=request_id,
+                    prompt_token_ids=req.prompt_token_ids,
+                    output_tokens=req.output_tokens,
+                    finish_reason=req.finish_reason,
+                    remote_prefill=req.remote_prefill,
+                    remote_decode=req.remote_decode,
+                ),
+                self._model_now(),
+            )
+            self._wake.set()
+            headers = {"X-Request-Id": request.headers.get("X-Request-Id", request_id)}
+            response: web.StreamResponse
+            if req.stream:
+                response, finished = await self._stream_response(request, req, request_id, stream, headers)
+            else:
+                response, finished = await self._full_response(req, request_id, stream, headers)
+            return response
+        finally:
+            del self._streams[request_id]
+            if not finished:
+                self.core.abort(request_id)
+                self._wake.set()
+
+    async def _full_response(
+        self, req: protocol.GenerationRequest, request_id: str, stream: _Stream, headers: dict[str, str]
+    ) -> tuple[web.Response, bool]:
+        pieces: list[str] = []
+        while True:
+            event = await stream.queue.get()
+            if isinstance(event, RequestFailed):
+                return _json(
+                    protocol.error_body(500, "InternalServerError", event.message), 500, headers
+                ), True
+            pieces.append(self.config.tokenizer.output_piece(req.seed, event.index))
+            if event.finish_reason is None:
+                continue
+            kv_params = None
+            if event.kv_hold is not None:
+                kv_params = protocol.kv_transfer_params_for(
+                    self.config.engine_id,
+                    request_id,
+                    event.kv_hold.block_ids,
+                    self.config.side_channel_host,
+                    self.side_channel_port or self.config.side_channel_port,
+                    self.config.profile.tensor_parallel,
+                )
+            body = protocol.full_response(
+                req, request_id, "".join(pieces), len(pieces), event.finish_reason, kv_params
+            )
+            return _json(body, 200, headers), True
+
+    async def _stream_response(
+        self,
+        request: web.Request,
+        req: protocol.GenerationRequest,
+        request_id: str,
+        stream: _Stream,
+        headers: dict[str, str],
+    ) -> tuple[web.StreamResponse, bool]:
+        response = web.StreamResponse(
+            headers={
+                **headers,
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+            }
+        )
+        await response.prepare(request)
+        encoder = protocol.StreamEncoder(req, request_id)
+        write: Callable[[bytes], Awaitable[None]] = response.write
+        tokens = 0
+        try:
+            role = encoder.role_chunk()
+            if role is not None:
+                await write(role)
+            while True:
+                event = await stream.queue.get()
+                if isinstance(event, RequestFailed):
+                    await write(encoder.error_chunk(500, "InternalServerError", event.message))
+                    await write(encoder.done())
+                    return response, True
+                tokens += 1
+                piece = self.config.tokenizer.output_piece(req.seed, event.index)
+                if event.finish_reason is None:
+                    await write(encoder.token_chunk(piece))
+                    continue
+                await write(encoder.final_chunk(piece, event.finish_reason))
+                if req.include_usage:
+                    await write(encoder.usage_chunk(tokens))
+                await write(encoder.done())
+                return response, True
+        except ConnectionResetError:
+            return response, False  # the client went away; the caller aborts the request
+
+
+def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=json.dumps(body).encode(), status=status, content_type="application/json", headers=headers
+    )
+
+
+def _bound_port(site: web.TCPSite) -> int:
+    server = site._server
+    assert server is not None and isinstance(server, asyncio.base_events.Server)
+    port: int = server.sockets[0].getsockname()[1]
+    return port
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,60 @@
+"""Start fake engines inside a test's event loop (loopback, ephemeral ports), for this project's tests and
+others'.
+
+    async with running_engine(profile="zero") as engine:
+        url = engine.url  # http://127.0.0.1:<port>
+
+`profile` names a profile in profiles.PROFILES; `time_scale` < 1 runs the timing model faster than real time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.engine_sim.server import EngineConfig, FakeEngine
+
+
+@dataclass
+class RunningEngine:
+    engine: FakeEngine
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.engine.config.host}:{self.engine.port}"
+
+    @property
+    def engine_id(self) -> str:
+        return self.engine.config.engine_id
+
+
+@contextlib.asynccontextmanager
+async def running_engine(
+    profile: str = "cpu-demo",
+    model: str = "fake-model",
+    *,
+    time_scale: float = 1.0,
+    nixl: bool = False,
+    **overrides: Any,
+) -> AsyncIterator[RunningEngine]:
+    config = EngineConfig(
+        profile=get_profile(profile),
+        served_model_names=[model],
+        model=model,
+        host="127.0.0.1",
+        port=0,
+        nixl=nixl,
+        side_channel_host="127.0.0.1",
+        side_channel_port=0,
+        time_scale=time_scale,
+        **overrides,
+    )
+    engine = FakeEngine(config)
+    await engine.start()
+    try:
+        yield RunningEngine(engine)
+    finally:
+        await engine.stop()

@@ -1,0 +1,87 @@
+"""Driving EngineCore in virtual time: the same loop as the HTTP server, with a clock that jumps.
+
+`run_virtual` plays a list of arrivals through one engine and returns each request's timings; tests and the
+simulator use it to ask what the timing model predicts without waiting for it. Remote reads (NIXL decode legs)
+are resolved by a callback, so several virtual engines can hand KV to each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from inferencepool.engine_sim.core import EngineCore, EngineRequest, RemoteRead, RequestFailed, TokenEvent
+
+
+@dataclass
+class RequestTimeline:
+    request_id: str
+    arrival: float
+    token_times: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def ttft(self) -> float:
+        return self.token_times[0] - self.arrival
+
+    @property
+    def itls(self) -> list[float]:
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:], strict=False)]
+
+    @property
+    def mean_itl(self) -> float:
+        gaps = self.itls
+        return sum(gaps) / len(gaps) if gaps else 0.0
+
+
+ReadResolver = Callable[[RemoteRead, float], str | None]  # returns an error message, or None on success
+
+
+def run_virtual(
+    engine: EngineCore,
+    arrivals: Sequence[tuple[float, EngineRequest]],
+    resolve_read: ReadResolver | None = None,
+    until: float = float("inf"),
+) -> dict[str, RequestTimeline]:
+    """Play `arrivals` (time, request) through `engine` until every request finished (or `until`)."""
+    pending = sorted(arrivals, key=lambda item: item[0])
+    timelines: dict[str, RequestTimeline] = {}
+    now = 0.0
+    position = 0
+    while now <= until:
+        while position < len(pending) and pending[position][0] <= now:
+            arrival, request = pending[position]
+            engine.add_request(request, arrival)
+            timelines[request.request_id] = RequestTimeline(request.request_id, arrival)
+            position += 1
+        for read in engine.take_remote_reads():
+            error = resolve_read(read, now) if resolve_read else "no resolver for remote KV reads"
+            failure = engine.remote_read_done(read.request_id, now, error)
+            if failure is not None:
+                _record(timelines, failure)
+        step = engine.schedule(now)
+        if step is not None:
+            for event in engine.complete(step):
+                _record(timelines, event)
+            now = max(step.end, now)
+            continue
+        candidates = [t for t in (engine.next_wakeup(),) if t is not None and t > now]
+        if position < len(pending):
+            candidates.append(pending[position][0])
+        if not candidates:
+            if engine.idle():
+                break
+            raise AssertionError("engine has work but nothing can make progress")
+        now = min(candidates)
+    return timelines
+
+
+def _record(timelines: dict[str, RequestTimeline], event: TokenEvent | RequestFailed) -> None:
+    timeline = timelines[event.request_id]
+    if isinstance(event, RequestFailed):
+        timeline.error = event.message
+        return
+    timeline.token_times.append(event.time)
+    if event.finish_reason is not None:
+        timeline.finish_reason = event.finish_reason
