@@ -1,0 +1,26 @@
+"""Pure builders: an InferencePool in, the manifests of all its children out (no I/O, no Kubernetes client).
+
+`pool_children(pool)` lists every object the operator applies for a pool, in apply order: configuration and
+identities before the workloads that read them.
+"""
+
+from __future__ import annotations
+
+from inferencepool.api.v1alpha1 import POOL_ROLES, InferencePool
+from inferencepool.builders.common import Manifest, PoolRef
+from inferencepool.builders.disruption import disruption_budgets
+from inferencepool.builders.engine import engine_children
+from inferencepool.builders.lmcache_controller import controller_children
+from inferencepool.builders.router import router_children, router_endpoint
+
+__all__ = ["Manifest", "PoolRef", "pool_children", "router_endpoint"]
+
+
+def pool_children(pool: InferencePool) -> list[Manifest]:
+    ref = PoolRef.of(pool)
+    children: list[Manifest] = [*controller_children(pool, ref)]
+    for role in POOL_ROLES:
+        children += engine_children(pool, ref, role)
+    children += router_children(pool, ref)
+    children += disruption_budgets(ref)
+    return children

@@ -1,0 +1,310 @@
+"""The prefill and decode pools: a StatefulSet of vLLM engines, its headless Service and its LMCache file.
+
+The pod is one that runs on a GPU cluster as is (see shared/reference/engine-contract.md): `vllm serve` with
+the kv-transfer config of the pool's role, GPUs as limits, /dev/shm for NCCL, the model cache at HF_HOME, the
+HF token from a Secret, the pod's own IP and name from the downward API (NIXL side channel, LMCache p2p), one
+PYTHONHASHSEED per pool (LMCache's prefix hashes must agree between pods), probes sized for model loading,
+and a drain on termination. The fake engine image runs the same pod: its `vllm` shim accepts these flags.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from inferencepool.api import labels
+from inferencepool.api.v1alpha1 import InferencePool, PoolRole
+from inferencepool.builders import lmcache
+from inferencepool.builders.common import (
+    CHECKSUM_ANNOTATION,
+    Manifest,
+    PoolRef,
+    checksum,
+    engine_name,
+    field_env,
+    lmcache_config_name,
+    lmcache_controller_name,
+    merge_env,
+    metadata,
+    python_hash_seed,
+    router_service_name,
+    selector_labels,
+    service_host,
+    tcp_port,
+)
+from inferencepool.builders.kvtransfer import kv_transfer_config_json
+
+CONTAINER_NAME: Final = "vllm"
+HTTP_PORT: Final = 8000
+NIXL_SIDE_CHANNEL_PORT: Final = 5600
+MODEL_CACHE_PATH: Final = "/models"
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+# Model loading (download, weights to GPU, CUDA graph capture) takes minutes; a 70B at TP4 can take 5-10. The
+# startup probe holds liveness off for up to STARTUP_BUDGET_SECONDS, then liveness restarts only a hung
+# engine.
+STARTUP_PROBE_PERIOD_SECONDS: Final = 10
+STARTUP_BUDGET_SECONDS: Final = 30 * 60
+# A stream may run for minutes (32k tokens at 40 ms is 21 min); the drain waits for running requests to finish
+# after the router has stopped sending, and the grace period is the hard upper bound.
+TERMINATION_GRACE_SECONDS: Final = 600
+DRAIN_POLL_SECONDS: Final = 2
+
+# Runs in the engine container on termination (python3 is in both the vLLM and the fake-engine image): wait
+# until the engine reports no running and no waiting requests on its own /metrics, or until the grace period
+# is nearly spent. Kubernetes sends SIGTERM only after this returns.
+DRAIN_SCRIPT: Final = f"""\
+import time, urllib.request
+deadline = time.monotonic() + {TERMINATION_GRACE_SECONDS - 30}
+while time.monotonic() < deadline:
+    try:
+        text = urllib.request.urlopen("http://127.0.0.1:{HTTP_PORT}/metrics", timeout=5).read().decode()
+    except OSError:
+        break
+    busy = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")))
+    if busy == 0:
+        break
+    time.sleep({DRAIN_POLL_SECONDS})
+"""
+
+
+def lmcache_settings(pool: InferencePool, ref: PoolRef) -> lmcache.LMCacheSettings:
+    spec = pool.spec
+    kv_cache = spec.effective_kv_cache()
+    return lmcache.LMCacheSettings(
+        mode=spec.kv_transfer.connector,
+        p2p=spec.p2p_enabled(),
+        tensor_parallel_size=spec.engine.tensor_parallel_size,
+        chunk_size=kv_cache.chunk_size,
+        cpu_offload_gib=kv_cache.cpu_offload_gib,
+        disk_gib=kv_cache.disk.size_gib if kv_cache.disk is not None else 0,
+        controller_host=service_host(ref, lmcache_controller_name(ref)),
+        proxy_host=service_host(ref, router_service_name(ref)),
+    )
+
+
+def vllm_args(pool: InferencePool, role: PoolRole) -> list[str]:
+    """Arguments after `vllm serve` (the image's own entrypoint in the vLLM image)."""
+    spec = pool.spec
+    engine = spec.engine
+    args = [
+        spec.model.name,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(HTTP_PORT),
+        "--served-model-name",
+        spec.served_model_name(),
+        "--tensor-parallel-size",
+        str(engine.tensor_parallel_size),
+        "--gpu-memory-utilization",
+        f"{engine.gpu_memory_utilization_percent / 100:g}",
+    ]
+    if engine.max_model_len is not None:
+        args += ["--max-model-len", str(engine.max_model_len)]
+    if spec.model.tokenizer is not None:
+        args += ["--tokenizer", spec.model.tokenizer]
+    args += [
+        "--kv-transfer-config",
+        kv_transfer_config_json(role, spec.kv_transfer.connector, spec.uses_lmcache()),
+    ]
+    return args + list(engine.extra_args)
+
+
+def engine_env(pool: InferencePool, ref: PoolRef, role: PoolRole) -> list[Manifest]:
+    spec = pool.spec
+    env: list[Manifest] = [
+        field_env("POD_IP", "status.podIP"),
+        field_env("POD_NAME", "metadata.name"),
+        field_env("POD_NAMESPACE", "metadata.namespace"),
+        # NIXL peers dial this address to exchange block metadata; it must be the pod's routable IP.
+        field_env("VLLM_NIXL_SIDE_CHANNEL_HOST", "status.podIP"),
+        {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)},
+        {"name": "PYTHONHASHSEED", "value": python_hash_seed(ref)},
+        {"name": "HF_HOME", "value": MODEL_CACHE_PATH},
+    ]
+    if spec.model.token_secret is not None:
+        secret = spec.model.token_secret
+        env.append(
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}}
+        )
+    if spec.uses_lmcache():
+        env += lmcache.pod_env(role, lmcache_settings(pool, ref))
+    return merge_env(env, spec.engine.extra_env)
+
+
+def engine_ports(pool: InferencePool, ref: PoolRef, role: PoolRole) -> list[Manifest]:
+    spec = pool.spec
+    ports = [tcp_port("http", HTTP_PORT)]
+    if spec.kv_transfer.connector == "Nixl":
+        ports.append(tcp_port("nixl", NIXL_SIDE_CHANNEL_PORT))
+    if spec.uses_lmcache():
+        ports += lmcache.container_ports(role, lmcache_settings(pool, ref))
+    return ports
+
+
+def engine_resources(pool: InferencePool, role: PoolRole) -> Manifest:
+    """The user's resources with the pool's GPUs as limits (extended resources are requested by their
+    limit)."""
+    resources: Manifest = {key: dict(value) for key, value in pool.spec.pool(role).resources.items()}
+    gpus = pool.spec.gpus_per_replica(role)
+    if gpus > 0:
+        resources["limits"] = {**resources.get("limits", {}), GPU_RESOURCE: str(gpus)}
+    return resources
+
+
+def _http_probe(path: str, period: int, failures: int, timeout: int) -> Manifest:
+    return {
+        "httpGet": {"path": path, "port": "http", "scheme": "HTTP"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": timeout,
+        "successThreshold": 1,
+    }
+
+
+def engine_container(pool: InferencePool, ref: PoolRef, role: PoolRole) -> Manifest:
+    spec = pool.spec
+    mounts: list[Manifest] = [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "model-cache", "mountPath": MODEL_CACHE_PATH},
+    ]
+    if spec.uses_lmcache():
+        mounts.append({"name": "lmcache-config", "mountPath": lmcache.CONFIG_DIR, "readOnly": True})
+        kv_cache = spec.effective_kv_cache()
+        if kv_cache.disk is not None and spec.kv_transfer.connector == "Nixl":
+            mounts.append({"name": "lmcache-disk", "mountPath": lmcache.LOCAL_DISK_PATH})
+    container: Manifest = {
+        "name": CONTAINER_NAME,
+        "image": spec.engine.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["vllm", "serve"],
+        "args": vllm_args(pool, role),
+        "env": engine_env(pool, ref, role),
+        "ports": engine_ports(pool, ref, role),
+        "startupProbe": _http_probe(
+            "/health", STARTUP_PROBE_PERIOD_SECONDS, STARTUP_BUDGET_SECONDS // STARTUP_PROBE_PERIOD_SECONDS, 5
+        ),
+        "readinessProbe": _http_probe("/health", 5, 3, 5),
+        # /health answers 503 once the engine core is dead; a minute of that means it will not come back.
+        "livenessProbe": _http_probe("/health", 10, 6, 10),
+        "lifecycle": {"preStop": {"exec": {"command": ["python3", "-c", DRAIN_SCRIPT]}}},
+        "volumeMounts": mounts,
+    }
+    resources = engine_resources(pool, role)
+    if resources:
+        container["resources"] = resources
+    return container
+
+
+def engine_volumes(pool: InferencePool, ref: PoolRef, role: PoolRole) -> list[Manifest]:
+    spec = pool.spec
+    # NCCL and vLLM's worker processes share tensors through /dev/shm; the container default of 64 MiB is too
+    # small.
+    volumes: list[Manifest] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    if spec.model.cache is not None:
+        claim = {"claimName": spec.model.cache.persistent_volume_claim}
+        volumes.append({"name": "model-cache", "persistentVolumeClaim": claim})
+    else:
+        volumes.append({"name": "model-cache", "emptyDir": {}})
+    if spec.uses_lmcache():
+        config_map = {"name": lmcache_config_name(ref, role), "defaultMode": 0o444}
+        volumes.append({"name": "lmcache-config", "configMap": config_map})
+        kv_cache = spec.effective_kv_cache()
+        if kv_cache.disk is not None and spec.kv_transfer.connector == "Nixl":
+            volumes.append({"name": "lmcache-disk", "emptyDir": {"sizeLimit": f"{kv_cache.disk.size_gib}Gi"}})
+    return volumes
+
+
+def gpu_tolerations(pool: InferencePool, role: PoolRole) -> list[Manifest]:
+    """GPU node pools are commonly tainted nvidia.com/gpu:NoSchedule; GPU pods tolerate that taint."""
+    if pool.spec.gpus_per_replica(role) == 0:
+        return []
+    return [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def engine_pod_template(pool: InferencePool, ref: PoolRef, role: PoolRole) -> Manifest:
+    spec = pool.spec
+    scheduling = spec.pool(role).scheduling
+    pod_labels = labels.standard_labels(ref.name, role)
+    annotations: dict[str, str] = {}
+    if spec.uses_lmcache():
+        annotations[CHECKSUM_ANNOTATION] = checksum(lmcache_config(pool, ref, role)["data"])
+    pod_spec: Manifest = {
+        "containers": [engine_container(pool, ref, role)],
+        "volumes": engine_volumes(pool, ref, role),
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        # Engines never call the Kubernetes API.
+        "automountServiceAccountToken": False,
+        # Service links would inject <SERVICE>_PORT variables; a Service named "vllm" sets VLLM_PORT, which
+        # vLLM reads as its own setting and fails on.
+        "enableServiceLinks": False,
+    }
+    tolerations = [*gpu_tolerations(pool, role), *scheduling.tolerations]
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    if scheduling.node_selector:
+        pod_spec["nodeSelector"] = dict(scheduling.node_selector)
+    if scheduling.affinity:
+        pod_spec["affinity"] = scheduling.affinity
+    template_meta: Manifest = {"labels": pod_labels}
+    if annotations:
+        template_meta["annotations"] = annotations
+    return {"metadata": template_meta, "spec": pod_spec}
+
+
+def engine_statefulset(pool: InferencePool, ref: PoolRef, role: PoolRole) -> Manifest:
+    """The pool's StatefulSet; without `replicas` when the autoscaler owns that field."""
+    pool_spec = pool.spec.pool(role)
+    name = engine_name(ref, role)
+    spec: Manifest = {
+        "serviceName": name,
+        # Engines are independent of each other; starting them one by one would add a model load per replica.
+        "podManagementPolicy": "Parallel",
+        "selector": {"matchLabels": selector_labels(ref, role)},
+        "template": engine_pod_template(pool, ref, role),
+        "updateStrategy": {"type": "RollingUpdate"},
+    }
+    if not pool_spec.autoscales():
+        spec["replicas"] = pool_spec.initial_replicas()
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": metadata(ref, name, role),
+        "spec": spec,
+    }
+
+
+def engine_service(pool: InferencePool, ref: PoolRef, role: PoolRole) -> Manifest:
+    """Headless: gives each engine pod a stable DNS name; the router reads pod IPs from the Pods
+    themselves."""
+    name = engine_name(ref, role)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(ref, name, role),
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector_labels(ref, role),
+            "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def lmcache_config(pool: InferencePool, ref: PoolRef, role: PoolRole) -> Manifest:
+    settings = lmcache_settings(pool, ref)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(ref, lmcache_config_name(ref, role), role),
+        "data": {lmcache.CONFIG_KEY: lmcache.engine_config_yaml(role, settings)},
+    }
+
+
+def engine_children(pool: InferencePool, ref: PoolRef, role: PoolRole) -> list[Manifest]:
+    """Every object of one engine pool, in the order they should be applied (config before its readers)."""
+    children: list[Manifest] = []
+    if pool.spec.uses_lmcache():
+        children.append(lmcache_config(pool, ref, role))
+    children += [engine_service(pool, ref, role), engine_statefulset(pool, ref, role)]
+    return children

@@ -1,0 +1,104 @@
+"""Apply a pool's children with server-side apply, and hand `replicas` to the autoscaler where it scales.
+
+One field manager (labels.FIELD_MANAGER) writes every child, with force: the operator is the only writer of
+what it renders, so a conflict means someone edited a child by hand and the spec wins. An apply whose content
+matches what is stored is a no-op for the API server (no resourceVersion bump), which makes a repeated
+reconcile, or an operator restart, write nothing.
+
+Replicas of an autoscaled StatefulSet belong to labels.AUTOSCALER_FIELD_MANAGER. The rendered StatefulSet then
+has no `replicas`; the operator seeds the count once, under the autoscaler's manager, only while nobody owns
+the field (a new StatefulSet). When a pool switches autoscaling on, the current count is first claimed for the
+autoscaler, because a field its last owner drops is reset by the API server to the default of 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from inferencepool.api import labels
+from inferencepool.api.v1alpha1 import InferencePool, PoolRole
+from inferencepool.builders import Manifest
+from inferencepool.controller.kube import Kube
+
+
+@dataclass
+class ApplyReport:
+    """What a reconcile did: objects whose stored state changed, and the stored objects by (kind, name)."""
+
+    changed: list[str] = field(default_factory=list)
+    stored: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+
+
+def key(manifest: Manifest) -> tuple[str, str]:
+    return manifest["kind"], manifest["metadata"]["name"]
+
+
+def replicas_managers(obj: dict[str, Any] | None) -> set[str]:
+    """Field managers that own spec.replicas of a stored object (including writes through the scale
+    subresource)."""
+    if obj is None:
+        return set()
+    owners = set()
+    for entry in obj.get("metadata", {}).get("managedFields") or []:
+        spec = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        if "f:replicas" in spec:
+            owners.add(str(entry.get("manager", "")))
+    return owners
+
+
+def replicas_document(statefulset: Manifest, replicas: int) -> Manifest:
+    """The smallest apply that sets only spec.replicas (the autoscaler's field) of a StatefulSet."""
+    meta = statefulset["metadata"]
+    return {
+        "apiVersion": statefulset["apiVersion"],
+        "kind": statefulset["kind"],
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        "spec": {"replicas": replicas},
+    }
+
+
+def autoscaled_role(pool: InferencePool, manifest: Manifest) -> PoolRole | None:
+    """The pool role whose replicas the autoscaler owns, when `manifest` is that role's StatefulSet."""
+    if manifest["kind"] != "StatefulSet":
+        return None
+    role = manifest["metadata"]["labels"].get(labels.LABEL_ROLE)
+    if role in ("prefill", "decode") and pool.spec.pool(role).autoscales():
+        return cast(PoolRole, role)
+    return None
+
+
+def _cache_key(manifest: Manifest) -> str:
+    meta = manifest["metadata"]
+    return f"{meta['namespace']}/{manifest['kind']}/{meta['name']}"
+
+
+def apply_children(
+    kube: Kube, pool: InferencePool, children: list[Manifest], versions: dict[str, str]
+) -> ApplyReport:
+    """Apply every child in order; raises KubeError on the first failure (the caller reports it).
+
+    `versions` remembers the resourceVersion each child had after this operator last applied it, so the report
+    can say which children an apply actually changed (a child first seen since start counts as changed).
+    """
+    report = ApplyReport()
+    for manifest in children:
+        role = autoscaled_role(pool, manifest)
+        if role is not None:
+            meta = manifest["metadata"]
+            before = kube.get("apps/v1", "StatefulSet", meta["namespace"], meta["name"])
+            if before is not None and replicas_managers(before) <= {labels.FIELD_MANAGER}:
+                # Autoscaling was just switched on: keep today's count by giving it to the autoscaler first.
+                current = int(before.get("spec", {}).get("replicas", 1))
+                kube.apply(replicas_document(manifest, current), labels.AUTOSCALER_FIELD_MANAGER)
+        stored = kube.apply(manifest, labels.FIELD_MANAGER)
+        if role is not None and not replicas_managers(stored) - {labels.FIELD_MANAGER}:
+            # A new StatefulSet: nobody owns replicas yet, so seed the starting count for the autoscaler.
+            seed = replicas_document(manifest, pool.spec.pool(role).initial_replicas())
+            stored = kube.apply(seed, labels.AUTOSCALER_FIELD_MANAGER)
+        report.stored[key(manifest)] = stored
+        version = str(stored.get("metadata", {}).get("resourceVersion", ""))
+        if versions.get(_cache_key(manifest)) != version:
+            report.changed.append(f"{manifest['kind']}/{manifest['metadata']['name']}")
+            versions[_cache_key(manifest)] = version
+    return report

@@ -1,0 +1,47 @@
+"""`inferencepool operator`: run the operator against the current kubeconfig or in-cluster account."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import threading
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG or ~/.kube/config)",
+    )
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        dest="namespaces",
+        help="watch only this namespace (repeatable; default: all namespaces)",
+    )
+    parser.add_argument(
+        "--liveness",
+        default=None,
+        metavar="URL",
+        help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def run(args: argparse.Namespace) -> int:
+    from inferencepool.controller.runtime import Operator
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    operator = Operator.create(args.kubeconfig)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    asyncio.run(operator.run(args.namespaces, stop_flag=stop, liveness_endpoint=args.liveness))
+    return 0

@@ -1,0 +1,252 @@
+"""Thin kopf handlers: build (pure) -> apply (server-side) -> status (pure) -> events.
+
+- create/update(spec)/resume of an InferencePool: render every child and apply it under the operator's field
+  manager with an owner reference to the pool (garbage collection deletes them with it: no finalizer).
+- events of the pool's StatefulSets and Deployments: recompute the pool's status from in-memory indices of
+  those workloads; a child deleted by hand is applied again.
+- a Secret or PVC the spec names that does not resolve: Degraded with its name, an event, and a retry later
+  (kopf's TemporaryError), never a crash loop. The spec is never written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import kopf
+from pydantic import ValidationError
+
+from inferencepool.api import labels
+from inferencepool.api.v1alpha1 import API_VERSION, CONDITION_READY, InferencePool
+from inferencepool.builders import Manifest, PoolRef, pool_children, router_endpoint
+from inferencepool.controller.apply import apply_children
+from inferencepool.controller.kube import Kube, KubeError
+from inferencepool.controller.references import find_missing
+from inferencepool.controller.status import (
+    Observed,
+    ReconcileOutcome,
+    WorkloadKey,
+    WorkloadState,
+    compute_status,
+    operator_status_document,
+    status_differs,
+)
+
+RETRY_MISSING_SECONDS = 30
+RETRY_APPLY_SECONDS = 15
+CHILD_FILTER = {labels.LABEL_MANAGED_BY: labels.MANAGED_BY, labels.LABEL_PART_OF: labels.APP_NAME}
+WORKLOAD_KEYS: tuple[WorkloadKey, ...] = ("prefill", "decode", "router", "lmcache-controller")
+
+PoolKey = tuple[str, str]  # namespace, name
+
+
+@dataclass
+class OperatorState:
+    """What the operator keeps in memory; all of it can be rebuilt from the cluster after a restart."""
+
+    kube: Kube
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    outcomes: dict[PoolKey, ReconcileOutcome] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    locks: dict[PoolKey, asyncio.Lock] = field(default_factory=dict)
+    reconciles: int = 0  # reconciles finished, for tests and the benchmark
+
+    def lock(self, key: PoolKey) -> asyncio.Lock:
+        return self.locks.setdefault(key, asyncio.Lock())
+
+
+def pool_object_ref(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body["metadata"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": labels.KIND,
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")},
+    }
+
+
+def post_event(body: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
+    target = kopf.Body(cast(kopf.RawBody, pool_object_ref(body)))
+    kopf.event(target, type=event_type, reason=reason, message=message)
+
+
+def observed_from(
+    states: Mapping[Any, Any],
+    namespace: str,
+    pool: str,
+    fresh: Mapping[WorkloadKey, WorkloadState] | None = None,
+) -> Observed:
+    """Workloads of one pool from the kopf indices, overridden by states just returned by an apply."""
+    workloads: dict[WorkloadKey, WorkloadState | None] = {}
+    for key in WORKLOAD_KEYS:
+        store = states.get((namespace, pool, key))
+        workloads[key] = next(iter(store), None) if store is not None else None
+    if fresh:
+        workloads.update(fresh)
+    return Observed(workloads)
+
+
+def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
+    """Attach every handler to `registry` (no global registry, so tests and the CLI can run several)."""
+    group, version, plural = labels.GROUP, labels.VERSION, labels.PLURAL
+
+    @kopf.index(group, version, plural, registry=registry)
+    def pool_bodies(
+        namespace: str | None, name: str, body: kopf.Body, **_: Any
+    ) -> dict[PoolKey, dict[str, Any]]:
+        return {(namespace or "", name): copy.deepcopy(dict(body))}
+
+    def workload_index(namespace: str | None, body: kopf.Body) -> dict[Any, WorkloadState]:
+        pool, role = body.metadata.labels.get(labels.LABEL_POOL), body.metadata.labels.get(labels.LABEL_ROLE)
+        if not pool or role not in WORKLOAD_KEYS:
+            return {}
+        return {(namespace, pool, role): WorkloadState.from_object(dict(body))}
+
+    @kopf.index("apps", "v1", "statefulsets", labels=CHILD_FILTER, registry=registry)
+    def statefulset_states(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, WorkloadState]:
+        return workload_index(namespace, body)
+
+    @kopf.index("apps", "v1", "deployments", labels=CHILD_FILTER, registry=registry)
+    def deployment_states(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, WorkloadState]:
+        return workload_index(namespace, body)
+
+    async def refresh_status(
+        body: Mapping[str, Any], observed: Observed, logger: logging.Logger | kopf.Logger
+    ) -> None:
+        meta = body["metadata"]
+        key: PoolKey = (meta["namespace"], meta["name"])
+        try:
+            pool = InferencePool.model_validate(dict(body))
+        except ValidationError:
+            return  # reported by the reconcile handler as Degraded/InvalidSpec
+        async with state.lock(key):
+            previous = pool.status
+            status = compute_status(
+                pool,
+                int(meta.get("generation", 0)),
+                state.outcomes.get(key),
+                observed,
+                router_endpoint(PoolRef(meta["name"], meta["namespace"], str(meta.get("uid", "")))),
+                state.clock(),
+            )
+            document = operator_status_document(pool, status)
+            if not status_differs(body.get("status"), document):
+                return
+            manifest = {**pool_object_ref(body), "status": document}
+            manifest["metadata"].pop("uid")
+            await asyncio.to_thread(state.kube.apply_status, manifest, labels.FIELD_MANAGER)
+        was_ready = previous.condition(CONDITION_READY) if previous is not None else None
+        now_ready = status.condition(CONDITION_READY)
+        if now_ready is not None and (was_ready is None or was_ready.status != now_ready.status):
+            if now_ready.status == "True":
+                post_event(body, "Normal", "Ready", now_ready.message)
+            elif was_ready is not None:
+                post_event(body, "Warning", "NotReady", f"{now_ready.reason}: {now_ready.message}")
+        logger.debug("status applied: %s", document.get("display"))
+
+    async def reconcile(
+        body: kopf.Body,
+        reason: str,
+        logger: kopf.Logger,
+        statefulset_states: kopf.Index[Any, WorkloadState],
+        deployment_states: kopf.Index[Any, WorkloadState],
+    ) -> None:
+        meta = body["metadata"]
+        key: PoolKey = (meta["namespace"], meta["name"])
+        generation = int(meta.get("generation", 0))
+        previous_outcome = state.outcomes.get(key)
+        try:
+            pool = InferencePool.model_validate(dict(body))
+        except ValidationError as error:
+            message = f"spec rejected: {error.errors()[0]['msg']}"
+            state.outcomes[key] = ReconcileOutcome(generation, apply_error=message)
+            post_event(body, "Warning", "InvalidSpec", message)
+            raise kopf.PermanentError(message) from error
+        children: list[Manifest] = pool_children(pool)
+        missing = await asyncio.to_thread(find_missing, state.kube, pool)
+        try:
+            report = await asyncio.to_thread(apply_children, state.kube, pool, children, state.versions)
+        except KubeError as error:
+            message = f"applying children failed: {error}"
+            state.outcomes[key] = ReconcileOutcome(generation, missing, apply_error=message)
+            if previous_outcome is None or previous_outcome.apply_error != message:
+                post_event(body, "Warning", "ApplyFailed", message)
+            raise kopf.TemporaryError(message, delay=RETRY_APPLY_SECONDS) from error
+        outcome = ReconcileOutcome(generation, missing)
+        state.outcomes[key] = outcome
+        state.reconciles += 1
+        if reason == "create":
+            post_event(body, "Normal", "Created", f"created {len(children)} children")
+        elif report.changed and reason in ("update", "repair"):
+            post_event(body, "Normal", "Applied", f"generation {generation}: {', '.join(report.changed)}")
+        if missing and (previous_outcome is None or previous_outcome.missing != missing):
+            for reference in missing:
+                kind = "MissingSecret" if reference.kind == "Secret" else "MissingPersistentVolumeClaim"
+                post_event(body, "Warning", kind, reference.describe())
+        fresh: dict[WorkloadKey, WorkloadState] = {}
+        for (kind, _name), stored in report.stored.items():
+            role = stored.get("metadata", {}).get("labels", {}).get(labels.LABEL_ROLE)
+            if kind in ("StatefulSet", "Deployment") and role in WORKLOAD_KEYS:
+                fresh[role] = WorkloadState.from_object(stored)
+        states = {**dict(statefulset_states), **dict(deployment_states)}
+        await refresh_status(body, observed_from(states, key[0], key[1], fresh), logger)
+        logger.info("reconciled generation %d (%s): %d changed", generation, reason, len(report.changed))
+        if missing:
+            names = ", ".join(m.describe() for m in missing)
+            raise kopf.TemporaryError(f"waiting: {names}", delay=RETRY_MISSING_SECONDS)
+
+    @kopf.on.resume(group, version, plural, registry=registry)
+    @kopf.on.create(group, version, plural, registry=registry)
+    @kopf.on.update(group, version, plural, field="spec", registry=registry)
+    async def pool_changed(body: kopf.Body, reason: str, logger: kopf.Logger, **kwargs: Any) -> None:
+        # kopf passes every index as a keyword argument named after its function.
+        await reconcile(body, str(reason), logger, kwargs["statefulset_states"], kwargs["deployment_states"])
+
+    async def child_changed(
+        event: kopf.RawEvent,
+        namespace: str,
+        child: kopf.Body,
+        logger: kopf.Logger,
+        pool_bodies: kopf.Index[PoolKey, dict[str, Any]],
+        statefulset_states: kopf.Index[Any, WorkloadState],
+        deployment_states: kopf.Index[Any, WorkloadState],
+    ) -> None:
+        pool_name = child.metadata.labels.get(labels.LABEL_POOL)
+        if not pool_name:
+            return
+        pool_store = pool_bodies.get((namespace, pool_name))
+        body = next(iter(pool_store), None) if pool_store is not None else None
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return  # the pool is gone or going: garbage collection is removing its children
+        states = {**dict(statefulset_states), **dict(deployment_states)}
+        if event.get("type") == "DELETED":
+            live = await asyncio.to_thread(state.kube.get, API_VERSION, labels.KIND, namespace, pool_name)
+            if live is not None and not live["metadata"].get("deletionTimestamp"):
+                logger.info("a child of %s was deleted; applying the pool again", pool_name)
+                try:
+                    await reconcile(
+                        kopf.Body(cast(kopf.RawBody, live)),
+                        "repair",
+                        logger,
+                        statefulset_states,
+                        deployment_states,
+                    )
+                except (kopf.TemporaryError, kopf.PermanentError) as error:
+                    logger.warning("repair of %s incomplete: %s", pool_name, error)
+                return
+        await refresh_status(body, observed_from(states, namespace, pool_name), logger)
+
+    @kopf.on.event("apps", "v1", "statefulsets", labels=CHILD_FILTER, registry=registry)
+    @kopf.on.event("apps", "v1", "deployments", labels=CHILD_FILTER, registry=registry)
+    async def workload_changed(
+        event: kopf.RawEvent, namespace: str | None, body: kopf.Body, logger: kopf.Logger, **kwargs: Any
+    ) -> None:
+        indices = (kwargs["pool_bodies"], kwargs["statefulset_states"], kwargs["deployment_states"])
+        await child_changed(event, namespace or "", body, logger, *indices)
+
+    # Keep references so linters see the handlers as used (kopf holds them through the registry).
+    _ = (pool_bodies, statefulset_states, deployment_states, pool_changed, workload_changed)

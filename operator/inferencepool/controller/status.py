@@ -1,0 +1,294 @@
+"""The pool's status as a pure function of what the operator observed (no I/O, no kopf).
+
+Inputs: the pool, the outcome of its last reconcile (which generation, which references were missing, whether
+an apply failed) and the state of its workloads as the API server reports them. Output: the part of the
+status the operator owns, i.e. observedGeneration, the Ready/Progressing/Degraded conditions, per-pool
+replica figures, the router endpoint and the strings `kubectl get` shows. Figures the autoscaler owns
+(observed latency, last scaling decision, the ScalingLimited condition) are left out of what the operator
+writes and only read to format the display columns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from inferencepool.api.v1alpha1 import (
+    CONDITION_DEGRADED,
+    CONDITION_PROGRESSING,
+    CONDITION_READY,
+    POOL_ROLES,
+    InferencePool,
+    InferencePoolStatus,
+    PoolRole,
+    PoolStatus,
+    RouterStatus,
+)
+
+WorkloadKey = Literal["prefill", "decode", "router", "lmcache-controller"]
+OPERATOR_CONDITIONS = (CONDITION_READY, CONDITION_PROGRESSING, CONDITION_DEGRADED)
+
+
+@dataclass(frozen=True)
+class MissingReference:
+    kind: str  # Secret, PersistentVolumeClaim
+    name: str
+    field: str  # where the spec names it, e.g. spec.model.tokenSecret
+    problem: str = "does not exist"
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.name!r} (named in {self.field}) {self.problem}"
+
+
+@dataclass(frozen=True)
+class ReconcileOutcome:
+    """What the last reconcile of a generation learnt that the workloads alone do not show."""
+
+    generation: int
+    missing: tuple[MissingReference, ...] = ()
+    apply_error: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkloadState:
+    """A StatefulSet or Deployment as far as readiness and rollout are concerned."""
+
+    kind: str
+    name: str
+    generation: int = 0
+    observed_generation: int = 0
+    desired: int = 0
+    replicas: int = 0
+    ready: int = 0
+    updated: int = 0
+    current_revision: str | None = None
+    update_revision: str | None = None
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> WorkloadState:
+        meta, spec, status = obj.get("metadata", {}), obj.get("spec", {}), obj.get("status") or {}
+        return cls(
+            kind=str(obj.get("kind", "")),
+            name=str(meta.get("name", "")),
+            generation=int(meta.get("generation", 0)),
+            observed_generation=int(status.get("observedGeneration", 0)),
+            # The API server defaults replicas to 1; a missing value means the object is not fully formed yet.
+            desired=int(spec.get("replicas", 1)),
+            replicas=int(status.get("replicas", 0)),
+            ready=int(status.get("readyReplicas", 0)),
+            updated=int(status.get("updatedReplicas", 0)),
+            current_revision=status.get("currentRevision"),
+            update_revision=status.get("updateRevision"),
+        )
+
+    def rolled_out(self) -> bool:
+        """The controller has seen the latest spec and every pod runs the latest template."""
+        if self.observed_generation < self.generation:
+            return False
+        if self.updated < self.desired or self.replicas > self.desired:
+            return False
+        # A StatefulSet reports its old revision as current until the last pod runs the new one.
+        return (
+            self.kind != "StatefulSet"
+            or not self.update_revision
+            or self.current_revision == self.update_revision
+        )
+
+    def all_ready(self) -> bool:
+        return self.ready >= self.desired
+
+
+@dataclass(frozen=True)
+class Observed:
+    """The workloads of one pool, by what they are for; None where the object does not exist (yet)."""
+
+    workloads: dict[WorkloadKey, WorkloadState | None] = field(default_factory=dict)
+
+    def get(self, key: WorkloadKey) -> WorkloadState | None:
+        return self.workloads.get(key)
+
+
+@dataclass(frozen=True)
+class ConditionValue:
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str
+
+
+def expected_workloads(pool: InferencePool) -> tuple[WorkloadKey, ...]:
+    keys: tuple[WorkloadKey, ...] = ("prefill", "decode", "router")
+    return (*keys, "lmcache-controller") if pool.spec.p2p_enabled() else keys
+
+
+def _count(state: WorkloadState | None) -> str:
+    return "missing" if state is None else f"{state.ready}/{state.desired}"
+
+
+def ready_condition(pool: InferencePool, observed: Observed) -> ConditionValue:
+    """Ready: the pool can serve requests, i.e. the router and decode have a ready pod, and so has prefill
+    where the policy sends requests through it; the per-pool figures say how far from the desired counts."""
+    needed: list[tuple[WorkloadKey, str]] = [("router", "RouterUnavailable"), ("decode", "DecodeUnavailable")]
+    if pool.spec.router.policy != "Colocated":
+        needed.append(("prefill", "PrefillUnavailable"))
+    if pool.spec.p2p_enabled():
+        needed.append(("lmcache-controller", "LMCacheControllerUnavailable"))
+    summary = ", ".join(f"{key} {_count(observed.get(key))}" for key in expected_workloads(pool))
+    for key, reason in needed:
+        state = observed.get(key)
+        if state is not None and key == "prefill" and state.desired == 0:
+            continue  # a prefill pool scaled to zero is a choice, not an outage: the router serves colocated
+        if state is None or state.ready < 1:
+            return ConditionValue("False", reason, f"no ready {key} pod ({summary})")
+    return ConditionValue("True", "Serving", f"ready: {summary}")
+
+
+def progressing_condition(pool: InferencePool, observed: Observed, generation: int) -> ConditionValue:
+    """Progressing: the operator or a workload controller is still moving towards the latest spec."""
+    missing = [key for key in expected_workloads(pool) if observed.get(key) is None]
+    if missing:
+        return ConditionValue("True", "CreatingChildren", f"waiting for {', '.join(missing)} to be created")
+    rolling = [key for key in expected_workloads(pool) if not _state(observed, key).rolled_out()]
+    if rolling:
+        return ConditionValue(
+            "True", "RollingOut", f"rolling out generation {generation} to {', '.join(rolling)}"
+        )
+    waiting = [key for key in expected_workloads(pool) if not _state(observed, key).all_ready()]
+    if waiting:
+        detail = ", ".join(f"{key} {_count(observed.get(key))}" for key in waiting)
+        return ConditionValue("True", "WaitingForReplicas", f"pods not ready yet: {detail}")
+    return ConditionValue("False", "RolloutComplete", f"generation {generation} is rolled out and ready")
+
+
+def _state(observed: Observed, key: WorkloadKey) -> WorkloadState:
+    state = observed.get(key)
+    assert state is not None
+    return state
+
+
+def degraded_condition(outcome: ReconcileOutcome | None) -> ConditionValue:
+    """Degraded: something only the user can fix, named so they can fix it."""
+    if outcome is None:
+        return ConditionValue("Unknown", "NotReconciled", "the operator has not reconciled this pool yet")
+    if outcome.missing:
+        kinds = {m.kind for m in outcome.missing}
+        reason = (
+            "MissingSecret"
+            if kinds == {"Secret"}
+            else "MissingPersistentVolumeClaim"
+            if kinds == {"PersistentVolumeClaim"}
+            else "MissingReferences"
+        )
+        named = "; ".join(m.describe() for m in outcome.missing)
+        return ConditionValue("True", reason, f"{named}; engine pods cannot start until that is fixed")
+    if outcome.apply_error is not None:
+        return ConditionValue("True", "ApplyFailed", outcome.apply_error)
+    return ConditionValue("False", "AsExpected", "all references resolve and every child was applied")
+
+
+def pool_status(
+    pool: InferencePool, role: PoolRole, state: WorkloadState | None, previous: PoolStatus | None
+) -> PoolStatus:
+    autoscaling = pool.spec.pool(role).autoscaling
+    figures = PoolStatus(
+        replicas=state.replicas if state else 0,
+        ready_replicas=state.ready if state else 0,
+        desired_replicas=state.desired if state else pool.spec.pool(role).initial_replicas(),
+        target_milliseconds=pool.spec.target_milliseconds(role),
+        percentile=autoscaling.target.percentile if autoscaling is not None and autoscaling.enabled else None,
+    )
+    if previous is not None:
+        # Observed latency and scaling decisions are the autoscaler's; carried along only for the display.
+        figures = figures.model_copy(
+            update={
+                "observed_milliseconds": previous.observed_milliseconds,
+                "last_scaling": previous.last_scaling,
+            }
+        )
+    return figures
+
+
+def compute_status(
+    pool: InferencePool,
+    generation: int,
+    outcome: ReconcileOutcome | None,
+    observed: Observed,
+    endpoint: str,
+    now: datetime,
+) -> InferencePoolStatus:
+    """The whole status as the operator sees it; fields it does not own are carried over from pool.status."""
+    previous = pool.status or InferencePoolStatus()
+    status = InferencePoolStatus(
+        observed_generation=outcome.generation if outcome is not None else previous.observed_generation,
+        conditions=list(previous.conditions),
+        prefill=pool_status(pool, "prefill", observed.get("prefill"), previous.prefill),
+        decode=pool_status(pool, "decode", observed.get("decode"), previous.decode),
+        router=_router_status(pool, observed.get("router"), previous.router, endpoint),
+    )
+    for condition_type, value in (
+        (CONDITION_READY, ready_condition(pool, observed)),
+        (CONDITION_PROGRESSING, progressing_condition(pool, observed, generation)),
+        (CONDITION_DEGRADED, degraded_condition(outcome)),
+    ):
+        status.set_condition(condition_type, value.status, value.reason, value.message, now, generation)
+    return status.with_display()
+
+
+def _router_status(
+    pool: InferencePool, state: WorkloadState | None, previous: RouterStatus | None, endpoint: str
+) -> RouterStatus:
+    router = RouterStatus(
+        endpoint=endpoint,
+        replicas=state.replicas if state else 0,
+        ready_replicas=state.ready if state else 0,
+        prefill_threshold_tokens=pool.spec.router.prefill_threshold_tokens,
+    )
+    if previous is not None:
+        carried: dict[str, Any] = {"disaggregated_percent": previous.disaggregated_percent}
+        if pool.spec.router.adaptive_threshold.enabled and previous.prefill_threshold_tokens is not None:
+            # The router moves the threshold itself; its live value is reported from the router's metric.
+            carried["prefill_threshold_tokens"] = previous.prefill_threshold_tokens
+        router = router.model_copy(update=carried)
+    return router
+
+
+def operator_status_document(pool: InferencePool, status: InferencePoolStatus) -> dict[str, Any]:
+    """The fields the operator applies (server-side apply on the status subresource, its own field manager).
+
+    Conditions are a list keyed by type, so applying only Ready/Progressing/Degraded leaves the autoscaler's
+    ScalingLimited alone; the autoscaler's own figures are dropped here so the operator never claims them.
+    """
+    document = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    document["conditions"] = [c for c in document.get("conditions", []) if c["type"] in OPERATOR_CONDITIONS]
+    for role in POOL_ROLES:
+        figures = document.get(role)
+        if figures is not None:
+            figures.pop("observedMilliseconds", None)
+            figures.pop("lastScaling", None)
+    router = document.get("router")
+    if router is not None:
+        router.pop("disaggregatedPercent", None)
+        if pool.spec.router.adaptive_threshold.enabled:
+            router.pop("prefillThresholdTokens", None)  # live value, reported from the router's own metric
+    return document
+
+
+def status_differs(current: dict[str, Any] | None, wanted: dict[str, Any]) -> bool:
+    """Whether applying `wanted` would change anything in `current` (the live status), ignoring fields it
+    omits."""
+    return not _contains(current or {}, wanted)
+
+
+def _contains(actual: Any, wanted: Any) -> bool:
+    if isinstance(wanted, dict):
+        return isinstance(actual, dict) and all(_contains(actual.get(k), v) for k, v in wanted.items())
+    if isinstance(wanted, list):
+        if not isinstance(actual, list):
+            return False
+        if all(isinstance(item, dict) and "type" in item for item in wanted):
+            by_type = {item.get("type"): item for item in actual if isinstance(item, dict)}
+            return all(_contains(by_type.get(item["type"]), item) for item in wanted)
+        return len(actual) == len(wanted) and all(
+            _contains(a, w) for a, w in zip(actual, wanted, strict=True)
+        )
+    return bool(actual == wanted)
