@@ -49,15 +49,19 @@ STARTUP_BUDGET_SECONDS: Final = 30 * 60
 TERMINATION_GRACE_SECONDS: Final = 600
 DRAIN_POLL_SECONDS: Final = 2
 
-# Runs in the engine container on termination (python3 is in both the vLLM and the fake-engine image): wait
-# until the engine reports no running and no waiting requests on its own /metrics, or until the grace period
-# is nearly spent. Kubernetes sends SIGTERM only after this returns.
-DRAIN_SCRIPT: Final = f"""\
+
+def drain_script(port: int = HTTP_PORT, budget_seconds: int = TERMINATION_GRACE_SECONDS - 30) -> str:
+    """preStop hook source (python3 is in both the vLLM and the fake-engine image).
+
+    It waits until the engine reports no running and no waiting requests on its own /metrics, or until the
+    budget is spent; Kubernetes sends SIGTERM only after it returns. The router has stopped sending to the pod
+    by then (the pod is terminating)."""
+    return f"""\
 import time, urllib.request
-deadline = time.monotonic() + {TERMINATION_GRACE_SECONDS - 30}
+deadline = time.monotonic() + {budget_seconds}
 while time.monotonic() < deadline:
     try:
-        text = urllib.request.urlopen("http://127.0.0.1:{HTTP_PORT}/metrics", timeout=5).read().decode()
+        text = urllib.request.urlopen("http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     except OSError:
         break
     busy = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
@@ -188,7 +192,7 @@ def engine_container(pool: InferencePool, ref: PoolRef, role: PoolRole) -> Manif
         "readinessProbe": _http_probe("/health", 5, 3, 5),
         # /health answers 503 once the engine core is dead; a minute of that means it will not come back.
         "livenessProbe": _http_probe("/health", 10, 6, 10),
-        "lifecycle": {"preStop": {"exec": {"command": ["python3", "-c", DRAIN_SCRIPT]}}},
+        "lifecycle": {"preStop": {"exec": {"command": ["python3", "-c", drain_script()]}}},
         "volumeMounts": mounts,
     }
     resources = engine_resources(pool, role)
@@ -240,7 +244,8 @@ def engine_pod_template(pool: InferencePool, ref: PoolRef, role: PoolRole) -> Ma
         # vLLM reads as its own setting and fails on.
         "enableServiceLinks": False,
     }
-    tolerations = [*gpu_tolerations(pool, role), *scheduling.tolerations]
+    tolerations = [t for t in gpu_tolerations(pool, role) if t not in scheduling.tolerations]
+    tolerations += scheduling.tolerations
     if tolerations:
         pod_spec["tolerations"] = tolerations
     if scheduling.node_selector:
