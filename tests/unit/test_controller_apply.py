@@ -1,0 +1,79 @@
+"""Server-side apply plumbing without a server: who owns replicas, the seed apply, REST paths."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tests.unit.builders_examples import child, load_pool
+
+from inferencepool.api import labels
+from inferencepool.builders import pool_children
+from inferencepool.controller.apply import autoscaled_role, replicas_document, replicas_managers
+from inferencepool.controller.kube import resource_of
+from inferencepool.controller.references import pool_references
+
+
+def managed(*entries: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "managedFields": [
+                {"manager": manager, "operation": "Apply", "fieldsV1": fields} for manager, fields in entries
+            ]
+        }
+    }
+
+
+def test_replicas_owners_are_read_from_managed_fields() -> None:
+    template_only = {"f:spec": {"f:template": {}, "f:selector": {}}}
+    assert replicas_managers(None) == set()
+    assert replicas_managers(managed((labels.FIELD_MANAGER, template_only))) == set()
+    both = managed(
+        (labels.FIELD_MANAGER, template_only),
+        (labels.AUTOSCALER_FIELD_MANAGER, {"f:spec": {"f:replicas": {}}}),
+        ("kubectl", {"f:metadata": {"f:labels": {}}}),
+    )
+    assert replicas_managers(both) == {labels.AUTOSCALER_FIELD_MANAGER}
+
+
+def test_seed_apply_touches_replicas_only() -> None:
+    pool = load_pool("llama-3.1-8b.yaml")
+    statefulset = child(pool, "StatefulSet", "llama-8b-decode")
+    assert replicas_document(statefulset, 4) == {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "llama-8b-decode", "namespace": "prod"},
+        "spec": {"replicas": 4},
+    }
+
+
+def test_only_autoscaled_statefulsets_hand_replicas_over() -> None:
+    pool = load_pool("llama-3.1-8b.yaml", decode__autoscaling=None)
+    roles = {autoscaled_role(pool, c) for c in pool_children(pool)}
+    assert roles == {None, "prefill"}
+
+
+def test_every_rendered_kind_has_a_rest_path() -> None:
+    pool = load_pool("llama-3.1-8b.yaml")
+    for c in pool_children(pool):
+        path = resource_of(c["apiVersion"], c["kind"]).path("prod", c["metadata"]["name"])
+        assert path.endswith(f"/namespaces/prod/{path.split('/')[-2]}/{c['metadata']['name']}")
+    assert (
+        resource_of("apps/v1", "StatefulSet").path("ns", "x") == "/apis/apps/v1/namespaces/ns/statefulsets/x"
+    )
+    assert resource_of("v1", "Secret").path("ns", "s") == "/api/v1/namespaces/ns/secrets/s"
+    pools = resource_of("serving.inferencepool.dev/v1alpha1", "InferencePool")
+    assert pools.path("ns", "p", "status") == (
+        "/apis/serving.inferencepool.dev/v1alpha1/namespaces/ns/inferencepools/p/status"
+    )
+    with pytest.raises(ValueError, match="no REST mapping"):
+        resource_of("v1", "Node")
+
+
+def test_references_a_pool_depends_on() -> None:
+    refs = pool_references(load_pool("llama-3.1-8b.yaml"))
+    assert [(r.kind, r.name, r.key) for r in refs] == [
+        ("Secret", "hf-token", "HF_TOKEN"),
+        ("PersistentVolumeClaim", "model-cache", None),
+    ]
+    assert pool_references(load_pool("demo-cpu.yaml")) == []
