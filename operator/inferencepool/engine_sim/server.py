@@ -48,6 +48,8 @@ log = logging.getLogger("inferencepool.fake_engine")
 
 VLLM_VERSION = "0.33.0"  # the vLLM release whose API this fake reproduces
 READ_TIMEOUT_S = 10.0
+# drain() already waited for streams; on cleanup, whatever is still open is cut after this
+CUT_OPEN_STREAMS_AFTER_S = 0.5
 # A step may start this far behind schedule and still be charged from where the previous one ended, so timer
 # overshoot of asyncio.sleep does not accumulate into ITL; beyond it the engine is CPU-bound and time slips.
 SCHEDULE_SLACK_S = 0.003
@@ -119,7 +121,9 @@ class FakeEngine:
         self._loop_task = asyncio.create_task(self._engine_loop(), name="engine-loop")
         if self.config.nixl or self.config.lmcache:
             self.side_channel_port = await self._start_side_channel()
-        runner = web.AppRunner(self.api_app(), access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            self.api_app(), access_log=None, handle_signals=False, shutdown_timeout=CUT_OPEN_STREAMS_AFTER_S
+        )
         await runner.setup()
         self._runners.append(runner)
         self._api_site = web.TCPSite(runner, self.config.host, self.config.port)
@@ -145,7 +149,9 @@ class FakeEngine:
         app = web.Application()
         app.router.add_post("/nixl/read_blocks", self._handle_read_blocks)
         app.router.add_get("/lmcache/chunks", self._handle_lmcache_chunks)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=CUT_OPEN_STREAMS_AFTER_S
+        )
         await runner.setup()
         self._runners.append(runner)
         site = web.TCPSite(runner, self.config.side_channel_host, self.config.side_channel_port)
@@ -201,11 +207,11 @@ class FakeEngine:
         scale = self.config.time_scale
         previous_end: float | None = None
         while True:
-            self._start_reads()
             now = self._model_now()
             if previous_end is not None and now - previous_end <= SCHEDULE_SLACK_S / scale:
                 now = previous_end
             step = self.core.schedule(now)
+            self._start_reads()  # admissions may have asked for KV reads from prefill engines
             if step is None:
                 previous_end = None
                 wake = self.core.next_wakeup()

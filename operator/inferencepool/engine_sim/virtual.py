@@ -55,12 +55,15 @@ def run_virtual(
             engine.add_request(request, arrival)
             timelines[request.request_id] = RequestTimeline(request.request_id, arrival)
             position += 1
-        for read in engine.take_remote_reads():
+        step = engine.schedule(now)
+        reads = engine.take_remote_reads()  # admissions in schedule() may have asked for some
+        for read in reads:
             error = resolve_read(read, now) if resolve_read else "no resolver for remote KV reads"
             failure = engine.remote_read_done(read.request_id, now, error)
             if failure is not None:
                 _record(timelines, failure)
-        step = engine.schedule(now)
+        if step is None and reads:
+            continue
         if step is not None:
             for event in engine.complete(step):
                 _record(timelines, event)

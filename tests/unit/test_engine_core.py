@@ -1,0 +1,258 @@
+"""The engine core's scheduling and KV bookkeeping, in virtual time."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from inferencepool.engine_sim import timing
+from inferencepool.engine_sim.core import (
+    EngineCore,
+    EngineRequest,
+    LmcacheSettings,
+    RemotePrefill,
+    RemoteRead,
+)
+from inferencepool.engine_sim.kv import BlockPool, SharedPrefixIndex, chunk_hashes
+from inferencepool.engine_sim.profiles import EngineProfile, get_profile
+from inferencepool.engine_sim.virtual import run_virtual
+
+H100 = get_profile("llama-3.1-8b-h100")
+
+
+def prompt(seed: int, length: int) -> list[int]:
+    return [seed * 1_000_003 + i for i in range(length)]
+
+
+def small_kv_profile(tokens: int, max_model_len: int = 4096) -> EngineProfile:
+    """H100 timings with a KV cache of about `tokens` tokens (by shrinking HBM), to make queueing visible."""
+    weights = H100.model.weight_bytes
+    kv = tokens * H100.model.kv_bytes_per_token
+    hw = dataclasses.replace(H100.hardware, hbm_bytes=(weights + H100.activation_reserve_bytes + kv) / 0.9)
+    return dataclasses.replace(H100, hardware=hw, max_model_len=max_model_len, max_num_batched_tokens=16384)
+
+
+def test_requests_wait_when_kv_is_full_and_run_when_it_frees() -> None:
+    profile = small_kv_profile(10_000)
+    engine = EngineCore(profile, "e0")
+    for i in range(5):
+        engine.add_request(EngineRequest(f"r{i}", prompt(i, 3000), 50), 0.0)
+    step = engine.schedule(0.0)
+    assert step is not None
+    assert engine.num_running == 3  # 3 x 3000 tokens fit in 10k, a fourth does not
+    assert engine.num_waiting == 2
+    assert engine.kv_usage > 0.85
+    engine2 = EngineCore(profile, "e0")
+    done = run_virtual(engine2, [(0.0, EngineRequest(f"r{i}", prompt(i, 3000), 50)) for i in range(5)])
+    first_three = max(done[f"r{i}"].token_times[-1] for i in range(3))
+    assert min(done["r3"].ttft, done["r4"].ttft) >= first_three  # queued until KV was freed
+    assert all(t.finish_reason == "length" and len(t.token_times) == 50 for t in done.values())
+    assert engine2.kv_usage == 0.0
+
+
+def test_preemption_when_running_requests_outgrow_the_cache() -> None:
+    profile = small_kv_profile(4_000, max_model_len=2600)
+    engine = EngineCore(profile, "e0")
+    arrivals = [(0.0, EngineRequest(f"r{i}", prompt(i, 1000), 1500)) for i in range(3)]
+    done = run_virtual(engine, arrivals)
+    assert engine.stats.preemptions > 0
+    assert all(len(t.token_times) == 1500 for t in done.values())
+    assert engine.stats.generation_tokens >= 4500
+
+
+def test_prefix_cache_hit_skips_prefill_of_the_shared_chunks() -> None:
+    engine = EngineCore(H100, "e0")
+    shared = prompt(7, 4096)
+    cold = run_virtual(engine, [(0.0, EngineRequest("a", [*shared, 1, 2, 3], 2))])["a"].ttft
+    warm = run_virtual(engine, [(0.0, EngineRequest("b", [*shared, 4, 5, 6], 2))])["b"].ttft
+    assert warm < cold / 5
+    assert engine.stats.prefix_cache_hits == 4096  # 16 whole chunks of 256
+    assert engine.stats.prefix_cache_queries == 2 * 4099
+
+
+def test_prefix_cache_never_covers_the_last_prompt_token() -> None:
+    engine = EngineCore(H100, "e0")
+    exact = prompt(3, 512)
+    run_virtual(engine, [(0.0, EngineRequest("a", exact, 1))])
+    run_virtual(engine, [(0.0, EngineRequest("b", exact, 1))])
+    assert engine.stats.prefix_cache_hits == 256  # the second chunk holds the last token: recomputed
+
+
+def test_prefix_cache_disabled() -> None:
+    engine = EngineCore(H100, "e0", prefix_caching=False)
+    shared = prompt(7, 1024)
+    run_virtual(
+        engine, [(0.0, EngineRequest("a", [*shared, 1], 1)), (1.0, EngineRequest("b", [*shared, 2], 1))]
+    )
+    assert engine.stats.prefix_cache_hits == 0
+    assert engine.kv_usage == 0.0
+    assert engine.pool.free_blocks == engine.pool.total_blocks
+
+
+def test_lru_evicts_the_least_recently_used_chunk() -> None:
+    pool = BlockPool(total_blocks=48, block_tokens=16, chunk_tokens=256)  # room for 3 chunks
+    a, b, c, d = (chunk_hashes(prompt(i, 256))[0] for i in range(4))
+    for key in (a, b, c):
+        assert pool.allocate(16)
+        assert pool.publish(key)
+        pool.unuse([key])
+    assert pool.used_blocks == 0 and pool.resident_chunks() == 3
+    pool.acquire([a])  # a is used again: b is now the least recently used
+    pool.unuse([a])
+    assert pool.allocate(16)  # needs one chunk's blocks: evicts b
+    assert pool.publish(d)
+    assert pool.cached_prefix([a]) == 1
+    assert pool.cached_prefix([b]) == 0
+    assert pool.cached_prefix([c]) == 1
+    assert pool.evictions == 1
+
+
+def test_block_pool_refuses_what_it_cannot_hold_without_side_effects() -> None:
+    pool = BlockPool(total_blocks=32, block_tokens=16, chunk_tokens=256)
+    key = chunk_hashes(prompt(1, 256))[0]
+    assert pool.allocate(16) and pool.publish(key)  # a used chunk cannot be evicted
+    assert not pool.allocate(17)
+    assert pool.free_blocks == 16
+    with pytest.raises(ValueError, match="multiple of the block size"):
+        BlockPool(total_blocks=10, block_tokens=24, chunk_tokens=256)
+
+
+def test_chunk_hashes_chain_the_prefix() -> None:
+    base = prompt(1, 512)
+    changed_first = [999, *base[1:]]
+    assert chunk_hashes(base)[1] != chunk_hashes(changed_first)[1]  # same second chunk, different history
+    assert len(chunk_hashes(base, limit_tokens=511)) == 1
+
+
+def test_abort_frees_everything() -> None:
+    engine = EngineCore(H100, "e0")
+    engine.add_request(EngineRequest("r", prompt(1, 3000), 100), 0.0)
+    step = engine.schedule(0.0)
+    assert step is not None and engine.kv_usage > 0
+    assert engine.abort("r")
+    assert engine.complete(step) == []  # the in-flight step no longer reports for it
+    assert engine.kv_usage == 0.0 and engine.idle()
+    assert not engine.abort("r")
+
+
+def _prefill_then_hold(
+    engine: EngineCore, request_id: str, tokens: list[int]
+) -> tuple[float, tuple[int, ...]]:
+    done = run_virtual(engine, [(0.0, EngineRequest(request_id, tokens, 1, remote_decode=True))], until=1.0)
+    assert engine.num_held == 1
+    assert engine.kv_usage > 0  # the held blocks stay allocated for the decode engine
+    _, hold = engine._holds[request_id]
+    return done[request_id].token_times[0], hold.block_ids
+
+
+def test_prefill_leg_holds_kv_until_read_then_returns_it_to_the_prefix_cache() -> None:
+    prefill = EngineCore(H100, "p", nixl=True, kv_lease_s=30.0)
+    finished_at, blocks = _prefill_then_hold(prefill, "req-1", prompt(1, 2000))
+    assert len(blocks) == 2000 // 16
+    with pytest.raises(LookupError, match="not this engine"):
+        prefill.release_hold("req-1", "someone-else", finished_at + 1)
+    with pytest.raises(LookupError, match="block ids do not match"):
+        prefill.release_hold("req-1", "p", finished_at + 1, (1, 2, 3))
+    release = prefill.release_hold("req-1", "p", finished_at + 1, blocks)
+    assert release.prompt_tokens == 2000
+    assert prefill.kv_usage == 0.0 and prefill.num_held == 0
+    with pytest.raises(LookupError, match="unknown request, or its 30 s lease expired"):
+        prefill.release_hold("req-1", "p", finished_at + 2)
+
+
+def test_held_kv_expires_after_the_lease() -> None:
+    prefill = EngineCore(H100, "p", nixl=True, kv_lease_s=30.0)
+    finished_at, _ = _prefill_then_hold(prefill, "req-1", prompt(1, 2000))
+    assert prefill.next_wakeup() == pytest.approx(finished_at + 30.0)
+    with pytest.raises(LookupError, match="lease expired"):
+        prefill.release_hold("req-1", "p", finished_at + 30.5)
+    assert prefill.kv_usage == 0.0
+
+
+def test_without_nixl_a_prefill_leg_holds_nothing() -> None:
+    engine = EngineCore(H100, "p", nixl=False)
+    run_virtual(engine, [(0.0, EngineRequest("r", prompt(1, 2000), 1, remote_decode=True))])
+    assert engine.num_held == 0 and engine.kv_usage == 0.0
+
+
+def test_decode_leg_pays_the_transfer_instead_of_the_prefill() -> None:
+    tokens = prompt(5, 16000)
+    prefill = EngineCore(H100, "p", nixl=True)
+    decode = EngineCore(H100, "d", nixl=True)
+    prefill_ttft = run_virtual(
+        prefill, [(0.0, EngineRequest("x", tokens, 1, remote_decode=True))], until=1.0
+    )["x"].ttft
+    _, hold = prefill._holds["x"]
+    source = RemotePrefill("p", "x", "10.0.0.1", 5600, hold.block_ids)
+    reads: list[RemoteRead] = []
+
+    def resolve(read: RemoteRead, now: float) -> str | None:
+        reads.append(read)
+        try:
+            prefill.release_hold(read.source.request_id, read.source.engine_id, now, read.source.block_ids)
+        except LookupError as exc:
+            return str(exc)
+        return None
+
+    timeline = run_virtual(decode, [(0.0, EngineRequest("y", tokens, 20, remote_prefill=source))], resolve)[
+        "y"
+    ]
+    assert reads == [RemoteRead("y", source, 16000)]
+    transfer = timing.nixl_transfer_time(H100, 16000)
+    assert transfer <= timeline.ttft < transfer + 0.05  # transfer + one step for the last prompt token
+    assert timeline.ttft < prefill_ttft / 3
+    assert len(timeline.token_times) == 20
+    assert decode.stats.external_prefix_cache_hits == 16000
+    assert prefill.kv_usage == 0.0
+
+
+def test_decode_leg_fails_when_the_read_fails() -> None:
+    decode = EngineCore(H100, "d", nixl=True)
+    source = RemotePrefill("p", "gone", "10.0.0.1", 5600, (1, 2))
+    timeline = run_virtual(
+        decode,
+        [(0.0, EngineRequest("y", prompt(1, 100), 5, remote_prefill=source))],
+        lambda read, now: "expired",
+    )["y"]
+    assert timeline.error == "expired" and timeline.token_times == []
+    assert decode.stats.requests_failed == 1
+    assert decode.kv_usage == 0.0 and decode.idle()
+
+
+def test_lmcache_cpu_tier_serves_prefixes_evicted_from_the_gpu() -> None:
+    profile = small_kv_profile(5_000)
+    engine = EngineCore(profile, "e0", lmcache=LmcacheSettings(cpu_capacity_chunks=1000))
+    first = prompt(1, 2560)
+    cold = run_virtual(engine, [(0.0, EngineRequest("a", [*first, 1], 1))])["a"].ttft
+    # fill the GPU with other prompts so the first one's chunks are evicted there
+    run_virtual(engine, [(0.0, EngineRequest(f"f{i}", prompt(10 + i, 2560), 1)) for i in range(3)])
+    assert engine.pool.cached_prefix(chunk_hashes(first)) < 10
+    warm = run_virtual(engine, [(0.0, EngineRequest("b", [*first, 2], 1))])["b"].ttft
+    assert engine.stats.external_prefix_cache_hits == 2560
+    assert warm < cold  # loading 10 chunks over the host link beats recomputing them
+    assert warm > timing.host_load_time(profile, 2560)
+
+
+def test_p2p_fetches_a_prefix_a_peer_holds() -> None:
+    index = SharedPrefixIndex()
+    settings = LmcacheSettings(cpu_capacity_chunks=1000, p2p=True)
+    a = EngineCore(H100, "a", lmcache=settings, prefix_index=index)
+    b = EngineCore(H100, "b", lmcache=settings, prefix_index=index)
+    shared = prompt(9, 8192)
+    cold = run_virtual(a, [(0.0, EngineRequest("x", [*shared, 1], 1))])["x"].ttft
+    fetched = run_virtual(b, [(0.0, EngineRequest("y", [*shared, 2], 1))])["y"].ttft
+    assert b.stats.external_prefix_cache_hits == 8192
+    assert b.stats.prefix_cache_hits == 0
+    assert fetched < cold / 2
+    without_p2p = EngineCore(H100, "c", lmcache=LmcacheSettings(cpu_capacity_chunks=1000), prefix_index=index)
+    run_virtual(without_p2p, [(0.0, EngineRequest("z", [*shared, 3], 1))])
+    assert without_p2p.stats.external_prefix_cache_hits == 0
+
+
+def test_requests_beyond_max_model_len_are_refused() -> None:
+    engine = EngineCore(get_profile("cpu-demo"), "e0")
+    with pytest.raises(ValueError, match="max_model_len 16384"):
+        engine.add_request(EngineRequest("r", prompt(1, 16000), 1000), 0.0)
+    with pytest.raises(ValueError, match="at least one token"):
+        EngineRequest("r", [1], 0)
