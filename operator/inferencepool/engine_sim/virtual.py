@@ -88,3 +88,44 @@ def _record(timelines: dict[str, RequestTimeline], event: TokenEvent | RequestFa
     timeline.token_times.append(event.time)
     if event.finish_reason is not None:
         timeline.finish_reason = event.finish_reason
+
+
+def run_closed_loop(
+    engine: EngineCore,
+    concurrency: int,
+    make_request: Callable[[int], EngineRequest],
+    until: float,
+    stagger: float = 0.0,
+) -> list[RequestTimeline]:
+    """`concurrency` clients that each send a new request as soon as their previous one finished.
+
+    Client i starts at i * stagger / concurrency. Returns every timeline (finished or not at `until`).
+    """
+    timelines: dict[str, RequestTimeline] = {}
+    arrivals = sorted((i * stagger / concurrency, i) for i in range(concurrency))
+    issued = 0
+    now = 0.0
+
+    def submit(at: float) -> None:
+        nonlocal issued
+        request = make_request(issued)
+        issued += 1
+        engine.add_request(request, at)
+        timelines[request.request_id] = RequestTimeline(request.request_id, at)
+
+    while now <= until:
+        while arrivals and arrivals[0][0] <= now:
+            at, _ = arrivals.pop(0)
+            submit(at)
+        step = engine.schedule(now)
+        if step is None:
+            if not arrivals:
+                raise AssertionError("closed loop went idle: remote reads are not supported here")
+            now = arrivals[0][0]
+            continue
+        for event in engine.complete(step):
+            _record(timelines, event)
+            if isinstance(event, TokenEvent) and event.finish_reason is not None:
+                submit(event.time)
+        now = max(step.end, now)
+    return list(timelines.values())

@@ -1,0 +1,121 @@
+"""`inferencepool fake-engine` reads vLLM's serve flags and environment as a vLLM pod spec passes them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inferencepool.cli import build_parser
+from inferencepool.engine_sim.cli import build_config
+
+NIXL = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_load_failure_policy": "fail"}
+LMCACHE = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+
+
+def config_for(argv: list[str], env: dict[str, str] | None = None) -> Any:
+    args = build_parser("fake-engine").parse_args(["fake-engine", *argv])
+    return build_config(args, env or {})
+
+
+def test_vllm_serve_command_line() -> None:
+    config = config_for(
+        [
+            "serve",
+            "meta-llama/Llama-3.1-70B-Instruct",
+            "--host",
+            "10.1.2.3",
+            "--port",
+            "8000",
+            "--served-model-name",
+            "llama-70b",
+            "--tensor-parallel-size",
+            "8",
+            "--max-model-len",
+            "65536",
+            "--kv-transfer-config",
+            json.dumps(NIXL),
+            "--profile",
+            "llama-3.1-70b-h100-tp4",
+            "--swap-space",
+            "16",
+            "--enable-chunked-prefill",
+            "--disable-log-requests",
+        ]
+    )
+    assert config.model == "meta-llama/Llama-3.1-70B-Instruct"
+    assert config.served_model_names == ["llama-70b"]
+    assert (config.host, config.port) == ("10.1.2.3", 8000)
+    assert config.profile.tensor_parallel == 8 and config.profile.max_model_len == 65536
+    assert config.nixl and config.lmcache is None
+    assert config.side_channel_host == "10.1.2.3" and config.side_channel_port == 5600
+    assert config.kv_lease_s == 30.0
+
+
+def test_unknown_flags_are_ignored_and_remembered() -> None:
+    args = build_parser("fake-engine").parse_args(
+        ["fake-engine", "serve", "m", "--enable-chunked-prefill", "--some-future-flag", "--port", "9"]
+    )
+    assert args.port == 9
+    assert args.ignored_vllm_args == ["--enable-chunked-prefill", "--some-future-flag"]
+
+
+def test_environment_profile_side_channel_and_time_scale() -> None:
+    config = config_for(
+        ["--host", "0.0.0.0"],
+        {
+            "FAKE_ENGINE_PROFILE": "llama-3.1-8b-h200",
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.7",
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": "5601",
+            "FAKE_ENGINE_TIME_SCALE": "0.25",
+        },
+    )
+    assert config.profile.name == "llama-3.1-8b-h200"
+    assert config.model == "meta-llama/Llama-3.1-8B-Instruct"  # the profile's model when none is given
+    assert (config.side_channel_host, config.side_channel_port) == ("10.0.0.7", 5601)
+    assert config.time_scale == 0.25
+    assert not config.nixl
+
+
+def test_role_alone_enables_nixl_for_local_runs() -> None:
+    assert config_for(["--role", "prefill"]).nixl
+    assert config_for(["--role", "decode"]).nixl
+    assert not config_for(["--role", "both"]).nixl
+
+
+def test_multiconnector_with_lmcache_p2p(tmp_path: Path) -> None:
+    lmcache_yaml = tmp_path / "lmcache.yaml"
+    lmcache_yaml.write_text("chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 2.0\nenable_p2p: false\n")
+    multi = {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "connectors": [{**NIXL, "kv_connector_extra_config": {"kv_lease_duration": 12}}, LMCACHE]
+        },
+    }
+    config = config_for(
+        ["--kv-transfer-config", json.dumps(multi), "--profile", "llama-3.1-8b-h100"],
+        {"LMCACHE_CONFIG_FILE": str(lmcache_yaml), "LMCACHE_ENABLE_P2P": "True"},  # env wins over the file
+    )
+    assert config.nixl and config.kv_lease_s == 12.0
+    assert config.lmcache is not None and config.lmcache.p2p
+    assert config.lmcache.cpu_capacity_chunks == int(2.0e9 / (256 * 128 * 1024))
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--kv-transfer-config", "{not json"], {}, "--kv-transfer-config is not valid JSON"),
+        (["--profile", "h9000"], {}, "unknown engine profile 'h9000'"),
+        (["--time-scale", "0"], {}, "--time-scale must be > 0"),
+        (["serve", "a", "b"], {}, "at most one MODEL"),
+        ([], {"VLLM_NIXL_SIDE_CHANNEL_PORT": "x"}, "VLLM_NIXL_SIDE_CHANNEL_PORT must be an integer"),
+        (["--profile", "llama-3.1-70b-h100-tp4", "-tp", "1"], {}, "weights do not fit"),
+        (["--max-model-len", "99999"], {}, "max_model_len 99999"),
+    ],
+)
+def test_bad_settings_name_the_problem(argv: list[str], env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        config_for(argv, env)
