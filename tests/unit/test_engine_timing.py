@@ -133,3 +133,24 @@ def test_tensor_parallel_override_changes_the_model() -> None:
         p.with_overrides(tensor_parallel=1)
     with pytest.raises(ValueError, match="max_model_len"):
         p.with_overrides(max_model_len=10**7)
+
+
+def test_closed_loop_keeps_every_client_busy() -> None:
+    from inferencepool.engine_sim.virtual import run_closed_loop
+
+    profile = get_profile("llama-3.1-8b-h100")
+
+    def throughput(concurrency: int) -> float:
+        timelines = run_closed_loop(
+            EngineCore(profile, "e0"),
+            concurrency,
+            lambda n: EngineRequest(f"r{n}", distinct_prompt(n, 64), 32),
+            until=3.0,
+        )
+        in_flight_at_end = [t for t in timelines if t.finish_reason is None]
+        assert len(in_flight_at_end) == concurrency
+        return sum(1 for t in timelines for at in t.token_times if 1.0 <= at < 3.0) / 2.0
+
+    single, many = throughput(1), throughput(64)
+    assert single == pytest.approx(1 / timing.ideal_decode_itl(profile, 1, 80), rel=0.1)
+    assert 20 * single < many < 64 * single  # batching pays, but each step gets slower
