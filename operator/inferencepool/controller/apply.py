@@ -68,18 +68,31 @@ def autoscaled_role(pool: InferencePool, manifest: Manifest) -> PoolRole | None:
     return None
 
 
+def applied_at(obj: dict[str, Any]) -> str:
+    """When the operator's apply last changed `obj` (its managedFields entry), '' if it never applied it."""
+    for entry in obj.get("metadata", {}).get("managedFields") or []:
+        if (
+            entry.get("manager") == labels.FIELD_MANAGER
+            and entry.get("operation") == "Apply"
+            and not entry.get("subresource")
+        ):
+            return str(entry.get("time", ""))
+    return ""
+
+
 def _cache_key(manifest: Manifest) -> str:
     meta = manifest["metadata"]
     return f"{meta['namespace']}/{manifest['kind']}/{meta['name']}"
 
 
 def apply_children(
-    kube: Kube, pool: InferencePool, children: list[Manifest], versions: dict[str, str]
+    kube: Kube, pool: InferencePool, children: list[Manifest], stamps: dict[str, str]
 ) -> ApplyReport:
     """Apply every child in order; raises KubeError on the first failure (the caller reports it).
 
-    `versions` remembers the resourceVersion each child had after this operator last applied it, so the report
-    can say which children an apply actually changed (a child first seen since start counts as changed).
+    `stamps` remembers, per child, when the operator's own apply last changed it (the time of its entry in
+    managedFields; controllers writing status do not touch it), so the report can say which children an apply
+    actually changed. A child first seen since the operator started counts as changed.
     """
     report = ApplyReport()
     for manifest in children:
@@ -97,8 +110,8 @@ def apply_children(
             seed = replicas_document(manifest, pool.spec.pool(role).initial_replicas())
             stored = kube.apply(seed, labels.AUTOSCALER_FIELD_MANAGER)
         report.stored[key(manifest)] = stored
-        version = str(stored.get("metadata", {}).get("resourceVersion", ""))
-        if versions.get(_cache_key(manifest)) != version:
+        stamp = applied_at(stored)
+        if stamps.get(_cache_key(manifest)) != stamp:
             report.changed.append(f"{manifest['kind']}/{manifest['metadata']['name']}")
-            versions[_cache_key(manifest)] = version
+            stamps[_cache_key(manifest)] = stamp
     return report

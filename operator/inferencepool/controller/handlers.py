@@ -37,8 +37,6 @@ from inferencepool.controller.status import (
     status_differs,
 )
 
-RETRY_MISSING_SECONDS = 30
-RETRY_APPLY_SECONDS = 15
 CHILD_FILTER = {labels.LABEL_MANAGED_BY: labels.MANAGED_BY, labels.LABEL_PART_OF: labels.APP_NAME}
 WORKLOAD_KEYS: tuple[WorkloadKey, ...] = ("prefill", "decode", "router", "lmcache-controller")
 
@@ -52,9 +50,12 @@ class OperatorState:
     kube: Kube
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
     outcomes: dict[PoolKey, ReconcileOutcome] = field(default_factory=dict)
-    versions: dict[str, str] = field(default_factory=dict)
+    apply_stamps: dict[str, str] = field(default_factory=dict)
     locks: dict[PoolKey, asyncio.Lock] = field(default_factory=dict)
     reconciles: int = 0  # reconciles finished, for tests and the benchmark
+    # A reference that does not resolve is looked up again this often (the user may create it any time).
+    retry_missing_seconds: float = 30.0
+    retry_apply_seconds: float = 15.0
 
     def lock(self, key: PoolKey) -> asyncio.Lock:
         return self.locks.setdefault(key, asyncio.Lock())
@@ -169,13 +170,13 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         children: list[Manifest] = pool_children(pool)
         missing = await asyncio.to_thread(find_missing, state.kube, pool)
         try:
-            report = await asyncio.to_thread(apply_children, state.kube, pool, children, state.versions)
+            report = await asyncio.to_thread(apply_children, state.kube, pool, children, state.apply_stamps)
         except KubeError as error:
             message = f"applying children failed: {error}"
             state.outcomes[key] = ReconcileOutcome(generation, missing, apply_error=message)
             if previous_outcome is None or previous_outcome.apply_error != message:
                 post_event(body, "Warning", "ApplyFailed", message)
-            raise kopf.TemporaryError(message, delay=RETRY_APPLY_SECONDS) from error
+            raise kopf.TemporaryError(message, delay=state.retry_apply_seconds) from error
         outcome = ReconcileOutcome(generation, missing)
         state.outcomes[key] = outcome
         state.reconciles += 1
@@ -197,7 +198,7 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         logger.info("reconciled generation %d (%s): %d changed", generation, reason, len(report.changed))
         if missing:
             names = ", ".join(m.describe() for m in missing)
-            raise kopf.TemporaryError(f"waiting: {names}", delay=RETRY_MISSING_SECONDS)
+            raise kopf.TemporaryError(f"waiting: {names}", delay=state.retry_missing_seconds)
 
     @kopf.on.resume(group, version, plural, registry=registry)
     @kopf.on.create(group, version, plural, registry=registry)

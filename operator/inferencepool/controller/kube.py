@@ -54,6 +54,11 @@ RESOURCES: Final[dict[tuple[str, str], Resource]] = {
         "rbac.authorization.k8s.io", "v1", "rolebindings"
     ),
     (f"{labels.GROUP}/{labels.VERSION}", labels.KIND): Resource(labels.GROUP, labels.VERSION, labels.PLURAL),
+    # Cluster-scoped, to install the CRD and make namespaces (benchmark, tests); the operator needs neither.
+    ("v1", "Namespace"): Resource("", "v1", "namespaces", namespaced=False),
+    ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): Resource(
+        "apiextensions.k8s.io", "v1", "customresourcedefinitions", namespaced=False
+    ),
 }
 
 
@@ -137,6 +142,15 @@ class Kube:
         assert result is not None
         return result
 
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Plain create (POST), as `kubectl create` does; KubeError 409 when it exists."""
+        resource = resource_of(manifest["apiVersion"], manifest["kind"])
+        result = self._request(
+            "POST", resource.path(manifest["metadata"].get("namespace", "")), None, manifest
+        )
+        assert result is not None
+        return result
+
     def apply_status(self, manifest: dict[str, Any], field_manager: str) -> dict[str, Any]:
         """Server-side apply on the status subresource (`manifest` carries apiVersion, kind, metadata,
         status)."""
@@ -152,6 +166,14 @@ class Kube:
         )
         assert result is not None
         return result
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        """Delete with background propagation (garbage collection removes what it owns); absent is fine."""
+        try:
+            self._request("DELETE", resource_of(api_version, kind).path(namespace, name))
+        except KubeError as error:
+            if error.status != 404:
+                raise
 
     def list(self, api_version: str, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         result = self._request(

@@ -114,10 +114,12 @@ class Operator:
 
 @contextmanager
 def operator_in_thread(
-    kubeconfig: str, namespaces: list[str], ready_timeout: float = 60.0
+    kubeconfig: str, namespaces: list[str], ready_timeout: float = 60.0, retry_seconds: float | None = None
 ) -> Iterator[OperatorState]:
     """Run an operator in a background thread (own event loop) until the block exits; yields its state."""
     operator = Operator.create(kubeconfig)
+    if retry_seconds is not None:
+        operator.state.retry_missing_seconds = operator.state.retry_apply_seconds = retry_seconds
     stop, ready = threading.Event(), threading.Event()
     failure: list[BaseException] = []
 

@@ -1,0 +1,178 @@
+"""Fixtures and helpers for the operator's tests against the local control plane (imported by tests)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+
+from inferencepool.api import labels
+from inferencepool.api.v1alpha1 import API_VERSION
+from inferencepool.cluster.testing import eventually
+from inferencepool.controller.handlers import OperatorState
+from inferencepool.controller.kube import Kube, load_configuration
+from inferencepool.controller.runtime import operator_in_thread
+
+if TYPE_CHECKING:
+    from inferencepool.cluster.testing import TestCluster
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+OPERATOR_ACCOUNT = ("inferencepool-system", "inferencepool-operator")
+GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
+
+CHILD_KINDS = [
+    ("apps/v1", "StatefulSet"),
+    ("apps/v1", "Deployment"),
+    ("v1", "Service"),
+    ("v1", "ConfigMap"),
+    ("v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("policy/v1", "PodDisruptionBudget"),
+]
+
+
+def example(name: str) -> dict[str, Any]:
+    return dict(yaml.safe_load((EXAMPLES / name).read_text()))
+
+
+def kubectl_ok(cluster: TestCluster, *args: str, input_text: str | None = None) -> str:
+    result = cluster.kubectl(*args, input_text=input_text)
+    assert result.returncode == 0, f"kubectl {' '.join(args)} failed: {result.stderr}"
+    return result.stdout
+
+
+@pytest.fixture(scope="session")
+def crd_installed(cluster: TestCluster) -> None:
+    kubectl_ok(cluster, "apply", "--server-side", "-f", str(ROOT / "crds"))
+    kubectl_ok(
+        cluster, "wait", "--for=condition=Established", "--timeout=60s", f"crd/{labels.PLURAL}.{labels.GROUP}"
+    )
+
+
+@pytest.fixture(scope="session")
+def admin_kube(cluster: TestCluster) -> Iterator[Kube]:
+    kube = Kube(load_configuration(str(cluster.kubeconfig)))
+    yield kube
+    kube.close()
+
+
+@pytest.fixture(scope="session")
+def operator_kubeconfig(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A kubeconfig for the operator's own ServiceAccount, bound by deploy/operator/rbac.yaml: every operator
+    test runs with exactly the permissions an installed operator gets."""
+    kubectl_ok(cluster, "apply", "--server-side", "-f", str(ROOT / "deploy" / "operator" / "rbac.yaml"))
+    namespace, account = OPERATOR_ACCOUNT
+    token = kubectl_ok(cluster, "create", "token", account, "-n", namespace, "--duration=6h").strip()
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    server = admin["clusters"][0]["cluster"]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": server}],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": account}}],
+        "current-context": "c",
+    }
+    path = tmp_path_factory.mktemp("operator") / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(scope="session")
+def gpu_nodes_labelled(cluster: TestCluster) -> None:
+    """Label the fake GPU nodes as GPU feature discovery labels real ones (the GPU example selects on it)."""
+    nodes = json.loads(kubectl_ok(cluster, "get", "nodes", "-o", "json"))["items"]
+    for node in nodes:
+        if node["status"].get("allocatable", {}).get("nvidia.com/gpu", "0") != "0":
+            name = node["metadata"]["name"]
+            kubectl_ok(cluster, "label", "--overwrite", "node", name, f"nvidia.com/gpu.product={GPU_PRODUCT}")
+
+
+@pytest.fixture
+def operator(crd_installed: None, operator_kubeconfig: Path, namespace: str) -> Iterator[OperatorState]:
+    with operator_in_thread(str(operator_kubeconfig), [namespace], retry_seconds=2.0) as state:
+        yield state
+
+
+def create_pool(kube: Kube, namespace: str, document: dict[str, Any]) -> dict[str, Any]:
+    body = copy.deepcopy(document)
+    body["metadata"] = {"name": document["metadata"]["name"], "namespace": namespace}
+    # The admin client creates it with a plain POST, as `kubectl create` would.
+    from kubernetes import client
+
+    api = client.CustomObjectsApi(kube.api)
+    return dict(
+        api.create_namespaced_custom_object(labels.GROUP, labels.VERSION, namespace, labels.PLURAL, body)
+    )
+
+
+def get_pool(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    return kube.get(API_VERSION, labels.KIND, namespace, name)
+
+
+def children_of(kube: Kube, namespace: str, pool: str) -> list[dict[str, Any]]:
+    selector = f"{labels.LABEL_POOL}={pool},{labels.LABEL_MANAGED_BY}={labels.MANAGED_BY}"
+    found = []
+    for api_version, kind in CHILD_KINDS:
+        for item in kube.list(api_version, kind, namespace, selector):
+            item.setdefault("kind", kind)
+            found.append(item)
+    return found
+
+
+def resource_versions(kube: Kube, namespace: str, pool: str) -> dict[str, str]:
+    return {
+        f"{c['kind']}/{c['metadata']['name']}": c["metadata"]["resourceVersion"]
+        for c in children_of(kube, namespace, pool)
+    }
+
+
+def settled_versions(kube: Kube, namespace: str, pool: str, quiet_seconds: float = 3.0) -> dict[str, str]:
+    """Children's resourceVersions once nothing (controllers, kwok, the runner) changed them for a while."""
+    import time
+
+    last = resource_versions(kube, namespace, pool)
+    quiet_since = time.monotonic()
+    deadline = quiet_since + 90
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = resource_versions(kube, namespace, pool)
+        if now != last:
+            last, quiet_since = now, time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_seconds:
+            return now
+    raise AssertionError(f"children of {pool} never settled: {last}")
+
+
+def condition(pool: dict[str, Any] | None, condition_type: str) -> dict[str, Any] | None:
+    if pool is None:
+        return None
+    for item in (pool.get("status") or {}).get("conditions", []):
+        if item["type"] == condition_type:
+            return dict(item)
+    return None
+
+
+def wait_condition(
+    kube: Kube, namespace: str, name: str, condition_type: str, status: str, timeout: float = 90.0
+) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        found = condition(get_pool(kube, namespace, name), condition_type)
+        return found if found is not None and found["status"] == status else None
+
+    return eventually(check, timeout, f"{condition_type}={status} on {namespace}/{name}")
+
+
+def event_reasons(kube: Kube, namespace: str, name: str) -> dict[str, str]:
+    """reason -> message of the Events posted about the pool `name`."""
+    from kubernetes import client
+
+    events = client.CoreV1Api(kube.api).list_namespaced_event(namespace).items
+    return {e.reason: e.message for e in events if e.involved_object.name == name}
