@@ -142,6 +142,21 @@ async def test_prefill_then_decode_with_the_transfer_instead_of_the_prefill(
     assert "cmpl-req-1" in again["error"]["message"] and "lease" in again["error"]["message"]
 
 
+async def test_a_reused_request_id_does_not_clash_with_held_kv(
+    pair: tuple[RunningEngine, RunningEngine], http: aiohttp.ClientSession
+) -> None:
+    prefill, _ = pair
+    body = {"model": MODEL, "prompt": "hello there", "max_tokens": 3}
+    first = await post(http, f"{prefill.url}/v1/completions", prefill_leg(body), "same-id")
+    second = await post(http, f"{prefill.url}/v1/completions", prefill_leg(body), "same-id")
+    assert first["_status"] == second["_status"] == 200
+    ids = {
+        first["kv_transfer_params"]["remote_request_id"],
+        second["kv_transfer_params"]["remote_request_id"],
+    }
+    assert len(ids) == 2 and prefill.engine.core.num_held == 2
+
+
 async def test_chat_handshake(pair: tuple[RunningEngine, RunningEngine], http: aiohttp.ClientSession) -> None:
     prefill, decode = pair
     body = {"model": MODEL, "messages": [{"role": "user", "content": LONG_PROMPT}], "max_tokens": 5}

@@ -79,6 +79,12 @@ def test_environment_profile_side_channel_and_time_scale() -> None:
     assert not config.nixl
 
 
+def test_load_failure_policy() -> None:
+    assert not config_for(["--kv-transfer-config", json.dumps(NIXL)]).recompute_on_load_failure
+    recompute = {**NIXL, "kv_load_failure_policy": "recompute"}
+    assert config_for(["--kv-transfer-config", json.dumps(recompute)]).recompute_on_load_failure
+
+
 def test_role_alone_enables_nixl_for_local_runs() -> None:
     assert config_for(["--role", "prefill"]).nixl
     assert config_for(["--role", "decode"]).nixl
@@ -114,6 +120,11 @@ def test_multiconnector_with_lmcache_p2p(tmp_path: Path) -> None:
         ([], {"VLLM_NIXL_SIDE_CHANNEL_PORT": "x"}, "VLLM_NIXL_SIDE_CHANNEL_PORT must be an integer"),
         (["--profile", "llama-3.1-70b-h100-tp4", "-tp", "1"], {}, "weights do not fit"),
         (["--max-model-len", "99999"], {}, "max_model_len 99999"),
+        (
+            ["--kv-transfer-config", json.dumps({**NIXL, "kv_load_failure_policy": "retry"})],
+            {},
+            "kv_load_failure_policy must be",
+        ),
     ],
 )
 def test_bad_settings_name_the_problem(argv: list[str], env: dict[str, str], message: str) -> None:

@@ -256,3 +256,15 @@ def test_requests_beyond_max_model_len_are_refused() -> None:
         engine.add_request(EngineRequest("r", prompt(1, 16000), 1000), 0.0)
     with pytest.raises(ValueError, match="at least one token"):
         EngineRequest("r", [1], 0)
+
+
+def test_recompute_policy_prefills_locally_when_the_read_fails() -> None:
+    decode = EngineCore(H100, "d", nixl=True, recompute_on_load_failure=True)
+    source = RemotePrefill("p", "gone", "10.0.0.1", 5600, (1, 2))
+    tokens = prompt(1, 3000)
+    timeline = run_virtual(
+        decode, [(0.0, EngineRequest("y", tokens, 5, remote_prefill=source))], lambda read, now: "expired"
+    )["y"]
+    assert timeline.error is None and len(timeline.token_times) == 5
+    assert timeline.ttft >= timing.ideal_prefill_time(H100, 3000)
+    assert decode.stats.requests_failed == 0

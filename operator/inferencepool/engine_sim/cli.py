@@ -133,6 +133,9 @@ def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None
     nixl_config = next((c for c in connectors if c.get("kv_connector") == NIXL), None)
     nixl = nixl_config is not None or args.role in ("prefill", "decode")
     lease = float(((nixl_config or {}).get("kv_connector_extra_config") or {}).get("kv_lease_duration", 30))
+    failure_policy = (nixl_config or kv_config).get("kv_load_failure_policy", "fail")
+    if failure_policy not in ("fail", "recompute"):
+        raise ValueError(f'kv_load_failure_policy must be "fail" or "recompute", got {failure_policy!r}')
 
     chunk_tokens = 256
     lmcache = None
@@ -173,6 +176,7 @@ def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None
         side_channel_host=side_host,
         side_channel_port=side_port,
         kv_lease_s=lease,
+        recompute_on_load_failure=failure_policy == "recompute",
         lmcache=lmcache,
         p2p_peers=peers,
         prefix_caching=args.enable_prefix_caching,

@@ -126,10 +126,10 @@ class _Seq:
     kv_ready_at: float | None = None
     external_tokens: int = 0
     remote_kv_loaded: bool = False
+    prompt_len: int = field(init=False)
 
-    @property
-    def prompt_len(self) -> int:
-        return len(self.request.prompt_token_ids)
+    def __post_init__(self) -> None:
+        self.prompt_len = len(self.request.prompt_token_ids)
 
     @property
     def total_tokens(self) -> int:
@@ -189,6 +189,7 @@ class EngineCore:
         lmcache: LmcacheSettings | None = None,
         nixl: bool = False,
         kv_lease_s: float = 30.0,
+        recompute_on_load_failure: bool = False,
         prefix_index: SharedPrefixIndex | None = None,
         chunk_tokens: int = 256,
     ) -> None:
@@ -198,6 +199,7 @@ class EngineCore:
         self.lmcache = lmcache
         self.nixl = nixl
         self.kv_lease_s = kv_lease_s
+        self.recompute_on_load_failure = recompute_on_load_failure
         self.prefix_index = prefix_index
         self.pool = BlockPool(
             total_blocks=profile.kv_capacity_blocks,
@@ -237,6 +239,9 @@ class EngineCore:
         self._by_id[request.request_id] = seq
         self._waiting.append(seq)
 
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self._by_id
+
     def abort(self, request_id: str) -> bool:
         """Drop a request wherever it is (client went away); its KV is freed at once."""
         seq = self._by_id.pop(request_id, None)
@@ -264,10 +269,17 @@ class EngineCore:
         """The driver finished contacting the source engine: start the modelled transfer, or fail the request.
 
         A failed read fails the request, as vLLM does with kv_load_failure_policy "fail" (the request finishes
-        with an error instead of being recomputed).
+        with an error); with "recompute" the request goes back to the queue and is prefilled locally.
         """
         seq = self._by_id.get(request_id)
         if seq is None or seq.state is not _State.WAITING_FOR_KV:
+            return None
+        if error is not None and self.recompute_on_load_failure:
+            self._transferring.remove(seq)
+            self._free(seq)
+            seq.remote_kv_loaded = True  # never read again: compute it here
+            seq.state = _State.WAITING
+            self._waiting.appendleft(seq)
             return None
         if error is not None:
             self._transferring.remove(seq)

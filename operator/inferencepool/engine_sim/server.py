@@ -67,6 +67,7 @@ class EngineConfig:
     side_channel_host: str = "127.0.0.1"
     side_channel_port: int = 5600
     kv_lease_s: float = 30.0
+    recompute_on_load_failure: bool = False  # kv_load_failure_policy "recompute" instead of "fail"
     lmcache: LmcacheSettings | None = None
     p2p_peers: list[str] = field(default_factory=list)  # side-channel "host:port" of peers, for p2p mirrors
     p2p_refresh_s: float = 0.5
@@ -97,6 +98,7 @@ class FakeEngine:
             lmcache=config.lmcache,
             nixl=config.nixl,
             kv_lease_s=config.kv_lease_s,
+            recompute_on_load_failure=config.recompute_on_load_failure,
             prefix_index=self.prefix_index,
             chunk_tokens=config.chunk_tokens,
         )
@@ -398,7 +400,7 @@ class FakeEngine:
     def _new_request_id(self, request: web.Request, kind: protocol.Kind) -> str:
         base = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         request_id = protocol.response_id(kind, base)
-        if request_id in self._streams:
+        if request_id in self._streams or self.core.has_request(request_id):
             request_id = f"{request_id}-{next(self._ids)}"
         return request_id
 
