@@ -201,6 +201,7 @@ async def test_metrics_parse_with_vllm_names_labels_and_buckets(
     assert values["vllm:generation_tokens_total"] == 12
     success = {s.labels["finished_reason"]: s.value for s in families["vllm:request_success"].samples}
     assert success["length"] == 3
+    assert families["fake_engine:schedule_lag_seconds"].type == "counter"  # the fake's own, namespaced apart
     for sample in families["vllm:num_requests_running"].samples:
         assert sample.labels == {"model_name": MODEL, "engine": "0"}
 

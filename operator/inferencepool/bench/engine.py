@@ -48,6 +48,7 @@ class Level:
     predicted_itl_p90_ms: float
     ttft_p50_ms: float
     engine_cpu_percent: float
+    engine_lag_percent: float  # share of the window the engine's steps started late for want of CPU
     errors: int
 
     @property
@@ -145,6 +146,18 @@ async def _client(
             record["errors"] += 1
 
 
+async def _schedule_lag(http: Any, metrics_url: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with http.get(metrics_url) as response:
+        text = await response.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "fake_engine:schedule_lag_seconds_total":
+                return float(sample.value)
+    raise RuntimeError(f"{metrics_url} has no fake_engine:schedule_lag_seconds")
+
+
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -152,7 +165,7 @@ def _cpu_seconds(pid: int) -> float:
 
 async def measure(
     args: argparse.Namespace, url: str, pid: int, concurrency: int
-) -> tuple[dict[str, Any], float]:
+) -> tuple[dict[str, Any], float, float]:
     import itertools
 
     import aiohttp
@@ -172,19 +185,25 @@ async def measure(
             for i in range(concurrency)
         ]
         await asyncio.sleep(max(0.0, measure_from - time.monotonic()))
-        cpu_start = _cpu_seconds(pid)
+        metrics_url = url.replace("/v1/completions", "/metrics")
+        cpu_start, lag_start = _cpu_seconds(pid), await _schedule_lag(http, metrics_url)
         await asyncio.sleep(max(0.0, stop_at - time.monotonic()))
         cpu = _cpu_seconds(pid) - cpu_start
+        lag = await _schedule_lag(http, metrics_url) - lag_start
         for task in clients:
             task.cancel()
         await asyncio.gather(*clients, return_exceptions=True)
     window = lambda pairs: [v for at, v in pairs if measure_from <= at < stop_at]  # noqa: E731
-    return {
-        "tokens": sum(1 for at in record["token_times"] if measure_from <= at < stop_at),
-        "gaps": window(record["gaps"]),
-        "ttfts": window(record["ttfts"]),
-        "errors": record["errors"],
-    }, cpu / args.duration * 100
+    return (
+        {
+            "tokens": sum(1 for at in record["token_times"] if measure_from <= at < stop_at),
+            "gaps": window(record["gaps"]),
+            "ttfts": window(record["ttfts"]),
+            "errors": record["errors"],
+        },
+        cpu / args.duration * 100,
+        lag / args.duration * 100,
+    )
 
 
 async def _start_engine(args: argparse.Namespace) -> tuple[asyncio.subprocess.Process, str]:
@@ -210,12 +229,12 @@ async def _bench(args: argparse.Namespace, levels: list[int]) -> list[Level]:
     try:
         print(
             f"{'streams':>8} {'tok/s':>9} {'pred':>9} {'ratio':>6} {'ITL p50':>8} {'pred':>7} {'ratio':>6} "
-            f"{'ITL p90':>8} {'TTFT p50':>9} {'eng CPU':>8} {'err':>4}",
+            f"{'ITL p90':>8} {'TTFT p50':>9} {'eng CPU':>8} {'lag':>5} {'err':>4}",
             flush=True,
         )
         for concurrency in levels:
             predicted_tps, predicted_p50, predicted_p90 = predict(args, concurrency)
-            observed, cpu = await measure(args, url, process.pid, concurrency)
+            observed, cpu, lag = await measure(args, url, process.pid, concurrency)
             ttfts = observed["ttfts"]
             level = Level(
                 concurrency=concurrency,
@@ -227,6 +246,7 @@ async def _bench(args: argparse.Namespace, levels: list[int]) -> list[Level]:
                 predicted_itl_p90_ms=predicted_p90 * args.time_scale * 1e3,
                 ttft_p50_ms=(statistics.median(ttfts) * 1e3) if ttfts else float("nan"),
                 engine_cpu_percent=cpu,
+                engine_lag_percent=lag,
                 errors=observed["errors"],
             )
             level.predicted_tokens_per_s /= args.time_scale
@@ -235,7 +255,7 @@ async def _bench(args: argparse.Namespace, levels: list[int]) -> list[Level]:
                 f"{concurrency:>8} {level.tokens_per_s:>9.0f} {level.predicted_tokens_per_s:>9.0f} "
                 f"{level.throughput_ratio:>6.2f} {level.itl_p50_ms:>8.1f} {level.predicted_itl_p50_ms:>7.1f} "
                 f"{level.itl_ratio:>6.2f} {level.itl_p90_ms:>8.1f} {level.ttft_p50_ms:>9.1f} "
-                f"{level.engine_cpu_percent:>7.0f}% {level.errors:>4}",
+                f"{level.engine_cpu_percent:>7.0f}% {level.engine_lag_percent:>4.0f}% {level.errors:>4}",
                 flush=True,
             )
     finally:

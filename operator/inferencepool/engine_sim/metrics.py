@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -94,6 +94,13 @@ class EngineMetrics:
             buckets=ITL_BUCKETS,
             registry=self.registry,
         ).labels(*labels)
+        # Not a vLLM metric: wall seconds by which steps started late because this process lacked CPU, i.e.
+        # how far the fake's timings fall behind its own model on a busy machine.
+        self.schedule_lag = Counter(
+            "fake_engine:schedule_lag_seconds",
+            "Wall seconds engine steps started behind the timing model (CPU starvation of the fake engine).",
+            registry=self.registry,
+        )
         self.e2e = Histogram(
             "vllm:e2e_request_latency_seconds",
             "Histogram of e2e request latency in seconds.",

@@ -210,8 +210,13 @@ class FakeEngine:
         previous_end: float | None = None
         while True:
             now = self._model_now()
-            if previous_end is not None and now - previous_end <= SCHEDULE_SLACK_S / scale:
-                now = previous_end
+            if previous_end is not None:
+                behind = now - previous_end
+                if behind <= SCHEDULE_SLACK_S / scale:
+                    now = previous_end
+                else:
+                    # the process did not get the CPU in time: modelled time slips, and we say how much
+                    self.metrics.schedule_lag.inc(behind * scale)
             step = self.core.schedule(now)
             self._start_reads()  # admissions may have asked for KV reads from prefill engines
             if step is None:
