@@ -1,7 +1,8 @@
 """`inferencepool bench router`: what the router costs, against direct-to-engine and the Rust vllm-router.
 
-Fake engines with the zero-compute profile (every model cost is zero, so the engine is bound by its own CPU) run
-on loopback: one prefill, one decode. Each target gets the same streamed completions at concurrency 1 and 32:
+Fake engines with the zero-compute profile (every model cost is zero, so the engine is bound by its own CPU)
+run on loopback: one prefill, one decode. Each target gets the same streamed completions at concurrency 1 and
+32:
 
 - direct         : the load generator talks to the decode engine (the round-robin baseline);
 - direct-pd      : the load generator runs the NIXL handshake itself, prefill then decode (the P/D baseline);
@@ -10,9 +11,9 @@ on loopback: one prefill, one decode. Each target gets the same streamed complet
 - vllm-router-rr : vllm-router --policy round_robin --worker-urls <decode>;
 - vllm-router-pd : vllm-router --vllm-pd-disaggregation --prefill <p> --decode <d> --policy round_robin.
 
-Added latency is a router's TTFT minus its baseline's at the same concurrency (p50 and p99). Router CPU per request
-is the router process's utime+stime delta (/proc/PID/stat, threads included) over the requests served. The load
-generator is one aiohttp client in this process; engines and routers are separate processes.
+Added latency is a router's TTFT minus its baseline's at the same concurrency (p50 and p99). Router CPU per
+request is the router process's utime+stime delta (/proc/PID/stat, threads included) over the requests served.
+The load generator is one aiohttp client in this process; engines and routers are separate processes.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ class RunResult:
         return data
 
 
-# ---- processes ---------------------------------------------------------------------------------------------------
+# ---- processes ---------------------------------------------------------------------------------------------
 
 
 def free_port() -> int:
@@ -178,7 +179,7 @@ async def wait_http(url: str, seconds: float = 60.0) -> None:
             await asyncio.sleep(0.2)
 
 
-# ---- load generator ----------------------------------------------------------------------------------------------
+# ---- load generator ----------------------------------------------------------------------------------------
 
 
 def make_prompt(words: int, index: int) -> str:
@@ -258,7 +259,7 @@ async def measure(
     return result
 
 
-# ---- the run -----------------------------------------------------------------------------------------------------
+# ---- the run -----------------------------------------------------------------------------------------------
 
 
 def python_cmd(*argv: str) -> list[str]:
@@ -319,7 +320,7 @@ async def bench(args: argparse.Namespace, out: Path) -> list[RunResult]:
                 )
                 proc = fleet.start(label, argv)
                 base = f"http://127.0.0.1:{port}"
-                await wait_http(base + ("/health" if target.startswith("router-") else "/health"), 90)
+                await wait_http(base + "/health", 90)
             for concurrency in args.concurrency:
                 print(
                     f"[{step}/{len(plan)}] {label:<22} concurrency {concurrency:>3} ...", end=" ", flush=True
@@ -329,7 +330,8 @@ async def bench(args: argparse.Namespace, out: Path) -> list[RunResult]:
                 results.append(result)
                 cpu = result.cpu_ms_per_request
                 print(
-                    f"{result.rps:8.1f} req/s  TTFT p50 {result.pct(50):7.2f} ms  p99 {result.pct(99):7.2f} ms"
+                    f"{result.rps:8.1f} req/s  TTFT p50 {result.pct(50):7.2f} ms"
+                    f"  p99 {result.pct(99):7.2f} ms"
                     + (f"  CPU {cpu:.3f} ms/req" if cpu is not None else "")
                     + (f"  ({result.errors} errors)" if result.errors else ""),
                     flush=True,
