@@ -14,6 +14,7 @@ from typing import Any
 
 from kubernetes import client
 
+from inferencepool.cluster import controlplane, procs
 from inferencepool.cluster.components import Layout
 from inferencepool.cluster.testing import TestCluster, eventually
 
@@ -76,11 +77,7 @@ def _process_pid(cluster: TestCluster, uid: str) -> int | None:
 
 
 def _pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    return procs.pid_running(pid)
 
 
 def test_router_pod_runs_at_its_pod_ip_and_stops_when_deleted(
@@ -153,3 +150,35 @@ def test_dead_process_makes_the_pod_not_ready_until_restarted(
     second = _process_pid(cluster, pod.metadata.uid)
     assert second is not None and second != first
     assert _get(f"http://{pod.status.pod_ip}:8080/health")[0] == 200
+
+
+def test_restarted_runner_adopts_running_processes(
+    cluster: TestCluster, kube_api_client: Any, namespace: str
+) -> None:
+    core = client.CoreV1Api(kube_api_client)
+    core.create_namespaced_pod(namespace, router_pod("survivor", STATIC_ROUTER_ARGS))
+    pod = eventually(
+        lambda: _is_ready(p := core.read_namespaced_pod("survivor", namespace)) and p,
+        60,
+        "the router pod to be Ready",
+    )
+    pid = _process_pid(cluster, pod.metadata.uid)
+    assert pid is not None
+
+    layout = Layout(cluster.state_dir)
+    runner = procs.read_record(layout.pid_file("pod-runner"))
+    assert runner is not None
+    os.kill(runner.pid, signal.SIGKILL)  # a crash: no chance to stop its processes
+    eventually(lambda: not procs.is_alive(runner), 10, "the pod runner to die")
+    assert _pid_exists(pid), "pod processes must outlive the runner"
+
+    controlplane.up(cluster.state_dir, progress=lambda _message: None)
+    restarted = procs.read_record(layout.pid_file("pod-runner"))
+    assert restarted is not None and restarted.pid != runner.pid
+    # Adopted, not started again: same process, pod still Ready, still answering.
+    assert _process_pid(cluster, pod.metadata.uid) == pid
+    assert _is_ready(core.read_namespaced_pod("survivor", namespace))
+    assert _get(f"http://{pod.status.pod_ip}:8080/health")[0] == 200
+
+    core.delete_namespaced_pod("survivor", namespace)
+    eventually(lambda: not _pid_exists(pid), 30, "the adopted process to stop when its pod is deleted")

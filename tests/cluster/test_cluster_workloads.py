@@ -72,7 +72,7 @@ def test_statefulset_of_two_gets_two_ready_pods_with_loopback_ips(
     assert all(p.metadata.annotations[ANNOTATION_PROCESS_READY] == "true" for p in pods)
     status = eventually(
         lambda: (
-            (s := apps.read_namespaced_stateful_set(namespace, "engines").status).ready_replicas == 2 and s
+            (s := apps.read_namespaced_stateful_set("engines", namespace).status).ready_replicas == 2 and s
         ),
         60,
         "StatefulSet status readyReplicas=2",

@@ -79,7 +79,14 @@ def _stage(name: str) -> dict[str, Any]:
 
 def test_pod_stages_replace_kwoks_instant_ready_stage() -> None:
     names = [stage["metadata"]["name"] for stage in stages.pod_stages()]
-    assert names == ["pod-start", "pod-ready-on-signal", "pod-unready-on-signal", "pod-delete"]
+    assert names == [
+        "pod-start",
+        "pod-ready-on-signal",
+        "pod-unready-on-signal",
+        "pod-steady-ready",
+        "pod-steady-not-ready",
+        "pod-delete",
+    ]
     ready = _stage("pod-ready-on-signal")
     assert ready["spec"]["selector"]["matchAnnotations"] == {ANNOTATION_PROCESS_READY: "true"}
     # Only pod-start hands out IPs: each PodIPsWith call takes a fresh address.
@@ -166,3 +173,50 @@ def test_process_records_survive_their_starter_and_stop_by_group(tmp_path: Path)
 def _written(path: Path, record: procs.ProcessRecord) -> Path:
     procs.write_atomically(path, record.to_json())
     return path
+
+
+def _matches(stage: dict[str, Any], values: dict[str, str | None]) -> bool:
+    """Evaluate a stage selector the way kwok does, for the operators our stages use."""
+    selector = stage["spec"]["selector"]
+    for key, wanted in selector.get("matchAnnotations", {}).items():
+        if values[f'.metadata.annotations["{key}"]'] != wanted:
+            return False
+    for expression in selector.get("matchExpressions", []):
+        value, operator = values[expression["key"]], expression["operator"]
+        ok = {
+            "In": value in expression.get("values", []),
+            "NotIn": value not in expression.get("values", []),
+            "Exists": value is not None,
+            "DoesNotExist": value is None,
+        }[operator]
+        if not ok:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("deleted", [False, True])
+@pytest.mark.parametrize("phase", ["Pending", "Running"])
+@pytest.mark.parametrize("ready", ["True", "False", None])
+@pytest.mark.parametrize("annotation", ["true", "false", None])
+def test_pod_stages_never_overlap(
+    deleted: bool, phase: str, ready: str | None, annotation: str | None
+) -> None:
+    """kwok plays a random one of the matching stages, so at most one may match any pod state."""
+    values = {
+        ".metadata.deletionTimestamp": "2026-01-01T00:00:00Z" if deleted else None,
+        ".status.phase": phase,
+        '.status.conditions.[] | select( .type == "Ready" ) | .status': ready,
+        f'.metadata.annotations["{ANNOTATION_PROCESS_READY}"]': annotation,
+    }
+    matching = [stage["metadata"]["name"] for stage in stages.pod_stages() if _matches(stage, values)]
+    if deleted:
+        assert matching == ([] if annotation == "true" else ["pod-delete"])
+    elif phase == "Pending":
+        assert matching == ["pod-start"]
+    else:
+        # Every settled Running state has exactly one stage, so a restarted kwok relearns every pod IP.
+        assert len(matching) == 1, matching
+        if annotation == "true" and ready != "True":
+            assert matching == ["pod-ready-on-signal"]
+        if annotation != "true" and ready == "True":
+            assert matching == ["pod-unready-on-signal"]

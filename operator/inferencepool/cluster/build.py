@@ -31,7 +31,7 @@ from inferencepool.cluster.paths import binaries_root, gomod_dir
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v4.2.4"
 # Bump when the build recipe below changes in a way that changes the binaries.
-RECIPE_VERSION = "1"
+RECIPE_VERSION = "2"
 MINIMUM_GO = (1, 26)
 
 KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
@@ -160,7 +160,14 @@ def build_steps(versions: Versions, source: Path, out: Path) -> list[BuildStep]:
         ),
         BuildStep(
             label=f"helm (helm.sh/helm/v4 {versions.helm})",
-            argv=("go", "install", "-ldflags", "-s -w", f"helm.sh/helm/v4/cmd/helm@{versions.helm}"),
+            # Without this stamp `helm version` says only "v4.2" (the Makefile normally sets it).
+            argv=(
+                "go",
+                "install",
+                "-ldflags",
+                f"-s -w -X helm.sh/helm/v4/internal/version.version={versions.helm}",
+                f"helm.sh/helm/v4/cmd/helm@{versions.helm}",
+            ),
             cwd=source,
             outputs=("helm",),
             env=gobin,

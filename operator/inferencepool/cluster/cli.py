@@ -21,10 +21,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     up.add_argument(
         "--gpus-per-node", type=int, default=8, help="nvidia.com/gpu capacity of each node (default 8)"
     )
-    down = sub.add_parser("down", help="stop every process the cluster started")
-    down.add_argument(
-        "--purge", action="store_true", help="also delete the state directory (etcd data, logs)"
-    )
+    down = sub.add_parser("down", help="stop every process the cluster started and delete its data")
+    down.add_argument("--purge", action="store_true", help="also delete the logs (the whole state directory)")
     sub.add_parser("status", help="show each component's PID and health; exit 1 unless all are healthy")
     runner = sub.add_parser("runner", help="(started by `up`) run the local processes of this project's pods")
     for sub_parser in (up, down, sub.choices["status"], runner):

@@ -229,8 +229,6 @@ def component_argv(
         return [
             str(bin_dir / "kube-controller-manager"),
             f"--kubeconfig={kubeconfig}",
-            f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
             "--leader-elect=false",
             "--bind-address=127.0.0.1",
             f"--secure-port={config.controller_manager_port}",
@@ -247,8 +245,6 @@ def component_argv(
         return [
             str(bin_dir / "kube-scheduler"),
             f"--kubeconfig={kubeconfig}",
-            f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
             "--leader-elect=false",
             "--bind-address=127.0.0.1",
             f"--secure-port={config.scheduler_port}",

@@ -202,6 +202,7 @@ def _start_component(name: str, bin_dir: Path, layout: Layout, config: ClusterCo
         layout.kwok_home.mkdir(parents=True, exist_ok=True)
         env["HOME"] = str(layout.kwok_home)
     log = layout.log(name)
+    log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as handle:
         handle.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(argv)}\n")
     record = procs.spawn(argv, log, env=env, cwd=layout.root)
@@ -331,7 +332,11 @@ def _pod_process_records(layout: Layout) -> list[procs.ProcessRecord]:
 
 
 def down(state_dir: Path, purge: bool = False, progress: Progress = build.stderr_progress) -> None:
-    """Stop every process this state directory recorded (pod processes too); with purge, delete its data."""
+    """Stop every process this state directory recorded (pod processes too) and delete the cluster's data.
+
+    The logs stay for a post-mortem unless `purge`. Data is not kept across down/up on purpose: kwok forgets
+    which pod IPs it handed out when it stops, so pods surviving in etcd could share an IP with new ones.
+    """
     layout = Layout(state_dir)
     if not layout.root.exists():
         return
@@ -342,18 +347,23 @@ def down(state_dir: Path, purge: bool = False, progress: Progress = build.stderr
             if record is not None and procs.is_alive(record):
                 progress(f"stopping {name} (pid {record.pid})")
                 procs.terminate([record], STOP_GRACE_SECONDS.get(name, DEFAULT_STOP_GRACE))
-            layout.pid_file(name).unlink(missing_ok=True)
         # Whatever the runner could not stop itself (it was killed, say) is stopped here.
         leftovers = [record for record in _pod_process_records(layout) if procs.is_alive(record)]
         if leftovers:
             progress(f"stopping {len(leftovers)} pod process(es) the runner left behind")
             procs.terminate(leftovers, DEFAULT_STOP_GRACE)
-        for path in (layout.runner / "pods").glob("*.json"):
-            path.unlink()
-        if purge:
-            if layout.config.is_file():
-                release_pod_octet(layout, ClusterConfig.from_json(layout.config.read_text()).pod_octet)
-            shutil.rmtree(layout.root, ignore_errors=True)
+        if layout.config.is_file():
+            release_pod_octet(layout, ClusterConfig.from_json(layout.config.read_text()).pod_octet)
+        keep = {layout.lock} if purge else {layout.lock, layout.logs}
+        for child in layout.root.iterdir():
+            if child in keep:
+                continue
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
+    if purge:
+        shutil.rmtree(layout.root, ignore_errors=True)
 
 
 def status(state_dir: Path) -> list[ComponentStatus]:

@@ -55,6 +55,13 @@ def _reap(pid: int) -> None:
         del _children[pid]
 
 
+def pid_running(pid: int) -> bool:
+    """Whether `pid` exists and has not exited (a zombie waiting to be reaped counts as exited)."""
+    _reap(pid)
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
 def is_alive(record: ProcessRecord) -> bool:
     _reap(record.pid)
     fields = _stat_fields(record.pid)

@@ -9,6 +9,9 @@ a pod kwok picks one at random, so the stock pod stages are replaced by these, w
 - pod-delete: deleted and annotation not "true" -> gone. The runner keeps the annotation while the process
   drains after SIGTERM and removes it once the process has exited, so a deleted pod stays Terminating while it
   drains, as it would with a kubelet.
+- pod-steady-ready / pod-steady-not-ready: the two remaining Running states, with a patch that changes
+  nothing. kwok learns which IPs are taken only when it plays a stage for a pod, so without these a restarted
+  kwok would hand the IP of a settled pod to the next new one.
 The pod IP comes from kwok's `PodIPsWith`, called only in pod-start: every call hands out a new address.
 """
 
@@ -56,10 +59,15 @@ startTime: {{ $now | Quote }}
 """
 
 
+# A patch equal to what the pod already has: kwok skips the API call but still records the pod's IP as taken.
+_UNCHANGED = "phase: Running\n"
+
+
 def _ready_template(ready: bool, reason: str | None = None) -> str:
     flag = "true" if ready else "false"
     status = '"True"' if ready else '"False"'
-    reason_part = f", reason: {reason}" if reason else ""
+    # null removes the reason pod-start set: the conditions are merged into the pod's by type.
+    reason_part = f", reason: {reason}" if reason else ", reason: null"
     return (
         "{{ $now := Now }}\n"
         "conditions:\n"
@@ -119,6 +127,30 @@ def pod_stages() -> list[dict[str, Any]]:
                 ]
             },
             {"statusTemplate": _ready_template(False, "ProcessExited")},
+        ),
+        _stage(
+            "pod-steady-ready",
+            {
+                "matchAnnotations": {ANNOTATION_PROCESS_READY: "true"},
+                "matchExpressions": [
+                    _NOT_DELETED,
+                    running,
+                    {"key": _READY_STATUS, "operator": "In", "values": ["True"]},
+                ],
+            },
+            {"statusTemplate": _UNCHANGED},
+        ),
+        _stage(
+            "pod-steady-not-ready",
+            {
+                "matchExpressions": [
+                    _NOT_DELETED,
+                    running,
+                    {"key": _READY_STATUS, "operator": "NotIn", "values": ["True"]},
+                    {"key": _ANNOTATION, "operator": "NotIn", "values": ["true"]},
+                ]
+            },
+            {"statusTemplate": _UNCHANGED},
         ),
         _stage(
             "pod-delete",

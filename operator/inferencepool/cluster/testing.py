@@ -29,6 +29,8 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class TestCluster:
+    __test__ = False  # a fixture value, not a test class for pytest to collect
+
     state_dir: Path
     kubeconfig: Path
     kubectl_binary: str
