@@ -69,14 +69,15 @@ def autoscaled_role(pool: InferencePool, manifest: Manifest) -> PoolRole | None:
 
 
 def applied_at(obj: dict[str, Any]) -> str:
-    """When the operator's apply last changed `obj` (its managedFields entry), '' if it never applied it."""
-    for entry in obj.get("metadata", {}).get("managedFields") or []:
+    """Which object (uid) the operator's apply last changed, and when (its managedFields entry, seconds)."""
+    meta = obj.get("metadata", {})
+    for entry in meta.get("managedFields") or []:
         if (
             entry.get("manager") == labels.FIELD_MANAGER
             and entry.get("operation") == "Apply"
             and not entry.get("subresource")
         ):
-            return str(entry.get("time", ""))
+            return f"{meta.get('uid', '')}@{entry.get('time', '')}"
     return ""
 
 

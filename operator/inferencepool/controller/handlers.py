@@ -95,7 +95,8 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
     """Attach every handler to `registry` (no global registry, so tests and the CLI can run several)."""
     group, version, plural = labels.GROUP, labels.VERSION, labels.PLURAL
 
-    @kopf.index(group, version, plural, registry=registry)
+    # Handlers defined in this function get qualified names; kopf passes an index to handlers under its id.
+    @kopf.index(group, version, plural, id="pool_bodies", registry=registry)
     def pool_bodies(
         namespace: str | None, name: str, body: kopf.Body, **_: Any
     ) -> dict[PoolKey, dict[str, Any]]:
@@ -107,11 +108,11 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
             return {}
         return {(namespace, pool, role): WorkloadState.from_object(dict(body))}
 
-    @kopf.index("apps", "v1", "statefulsets", labels=CHILD_FILTER, registry=registry)
+    @kopf.index("apps", "v1", "statefulsets", labels=CHILD_FILTER, id="statefulset_states", registry=registry)
     def statefulset_states(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, WorkloadState]:
         return workload_index(namespace, body)
 
-    @kopf.index("apps", "v1", "deployments", labels=CHILD_FILTER, registry=registry)
+    @kopf.index("apps", "v1", "deployments", labels=CHILD_FILTER, id="deployment_states", registry=registry)
     def deployment_states(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, WorkloadState]:
         return workload_index(namespace, body)
 
@@ -200,9 +201,9 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
             names = ", ".join(m.describe() for m in missing)
             raise kopf.TemporaryError(f"waiting: {names}", delay=state.retry_missing_seconds)
 
-    @kopf.on.resume(group, version, plural, registry=registry)
-    @kopf.on.create(group, version, plural, registry=registry)
-    @kopf.on.update(group, version, plural, field="spec", registry=registry)
+    @kopf.on.resume(group, version, plural, id="reconcile", registry=registry)
+    @kopf.on.create(group, version, plural, id="reconcile", registry=registry)
+    @kopf.on.update(group, version, plural, field="spec", id="reconcile", registry=registry)
     async def pool_changed(body: kopf.Body, reason: str, logger: kopf.Logger, **kwargs: Any) -> None:
         # kopf passes every index as a keyword argument named after its function.
         await reconcile(body, str(reason), logger, kwargs["statefulset_states"], kwargs["deployment_states"])
@@ -241,8 +242,8 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
                 return
         await refresh_status(body, observed_from(states, namespace, pool_name), logger)
 
-    @kopf.on.event("apps", "v1", "statefulsets", labels=CHILD_FILTER, registry=registry)
-    @kopf.on.event("apps", "v1", "deployments", labels=CHILD_FILTER, registry=registry)
+    @kopf.on.event("apps", "v1", "statefulsets", labels=CHILD_FILTER, id="workload", registry=registry)
+    @kopf.on.event("apps", "v1", "deployments", labels=CHILD_FILTER, id="workload", registry=registry)
     async def workload_changed(
         event: kopf.RawEvent, namespace: str | None, body: kopf.Body, logger: kopf.Logger, **kwargs: Any
     ) -> None:
