@@ -40,6 +40,23 @@ def test_a_tokenizer_json_is_used_when_found(tmp_path: Path) -> None:
     assert isinstance(load_tokenizer(None, "meta-llama/not-a-local-path"), EstimateTokenizer)
 
 
+def test_special_tokens_count_once() -> None:
+    tokenizer = EstimateTokenizer()
+    assert (
+        len(tokenizer.encode("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"))
+        == 6
+    )
+    # a chat message costs its text plus 4 template tokens, as a Llama 3 tokenizer counts it
+    one = tokenizer.encode(render_chat([{"role": "user", "content": "hi"}], add_generation_prompt=False))
+    two = tokenizer.encode(
+        render_chat(
+            [{"role": "user", "content": "hi"}, {"role": "user", "content": "hi"}],
+            add_generation_prompt=False,
+        )
+    )
+    assert len(two) - len(one) == 4 + 1
+
+
 def test_chat_template_adds_headers() -> None:
     text = render_chat([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
     assert text.startswith("<|begin_of_text|><|start_header_id|>user<|end_header_id|>")

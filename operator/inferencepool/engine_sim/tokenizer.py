@@ -4,9 +4,9 @@ Two tokenizers, chosen at start-up and reported in the log and in /version:
 - `HFTokenizer`: the model's real tokenizer.json through HF `tokenizers`, when one is found at --tokenizer or
   in the model directory (exact counts, as vLLM's);
 - `EstimateTokenizer` otherwise: words and punctuation, with words split every 4 characters (the usual "1
-  token ~ 4 characters of English" rule of thumb for BPE vocabularies of Llama 3's size), each piece mapped to
-  an id by CRC32, so equal text gives equal ids in every process (prefix caching and the prefill/decode
-  handshake rely on that).
+  token ~ 4 characters of English" rule of thumb for BPE vocabularies of Llama 3's size) and chat-template
+  special tokens (<|eot_id|>) counted once, each piece mapped to an id by CRC32, so equal text gives equal
+  ids in every process (prefix caching and the prefill/decode handshake rely on that).
 
 Output tokens are deterministic: a function of the request's prompt and the token's position, so two runs of
 the same request stream the same text.
@@ -19,7 +19,8 @@ import zlib
 from pathlib import Path
 from typing import Protocol
 
-_PIECE = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+# special tokens such as <|eot_id|> are one token each, as in Llama 3's vocabulary
+_PIECE = re.compile(r"<\|[a-z_]+\|>|\w+|[^\w\s]", re.UNICODE)
 _CHARS_PER_TOKEN = 4
 ESTIMATE_VOCAB = 128256  # Llama 3's vocabulary size, so ids look plausible
 
@@ -85,6 +86,9 @@ class EstimateTokenizer:
         ids: list[int] = []
         for match in _PIECE.finditer(text):
             piece = match.group()
+            if piece.startswith("<|"):
+                ids.append(zlib.crc32(piece.encode()) % ESTIMATE_VOCAB)
+                continue
             for start in range(0, len(piece), _CHARS_PER_TOKEN):
                 ids.append(zlib.crc32(piece[start : start + _CHARS_PER_TOKEN].encode()) % ESTIMATE_VOCAB)
         return ids
