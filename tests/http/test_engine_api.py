@@ -236,3 +236,22 @@ async def test_running_and_waiting_gauges_follow_the_load(http: aiohttp.ClientSe
         families = await scrape(http, slow)
         assert families["vllm:num_requests_running"].samples[0].value == 0
         assert families["vllm:kv_cache_usage_perc"].samples[0].value == 0
+
+
+async def test_client_disconnect_aborts_the_stream(http: aiohttp.ClientSession) -> None:
+    import asyncio
+
+    async with running_engine("cpu-demo", MODEL, time_scale=1.0) as slow:
+        body = {"prompt": "go on and on", "max_tokens": 1000, "stream": True}
+        async with http.post(f"{slow.url}/v1/completions", json=body) as response:
+            await response.content.readline()
+            response.close()
+        for _ in range(50):
+            families = await scrape(http, slow)
+            if families["vllm:num_requests_running"].samples[0].value == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert families["vllm:num_requests_running"].samples[0].value == 0
+        assert families["vllm:kv_cache_usage_perc"].samples[0].value == 0
+        success = {s.labels["finished_reason"]: s.value for s in families["vllm:request_success"].samples}
+        assert success["abort"] == 1

@@ -133,6 +133,7 @@ def test_abort_frees_everything() -> None:
     assert engine.abort("r")
     assert engine.complete(step) == []  # the in-flight step no longer reports for it
     assert engine.kv_usage == 0.0 and engine.idle()
+    assert engine.stats.request_success == {"abort": 1}
     assert not engine.abort("r")
 
 

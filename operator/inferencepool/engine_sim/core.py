@@ -258,6 +258,8 @@ class EngineCore:
         elif seq.state is _State.HELD:
             self._holds.pop(request_id, None)
             self._free(seq)
+        if seq.state is not _State.HELD:  # a held prefill leg already counted as finished
+            self.stats.request_success["abort"] = self.stats.request_success.get("abort", 0) + 1
         seq.state = _State.DONE
         return True
 
