@@ -269,3 +269,16 @@ def test_recompute_policy_prefills_locally_when_the_read_fails() -> None:
     assert timeline.error is None and len(timeline.token_times) == 5
     assert timeline.ttft >= timing.ideal_prefill_time(H100, 3000)
     assert decode.stats.requests_failed == 0
+
+
+def test_the_timing_core_imports_no_io_library() -> None:
+    """The simulator drives the same core in virtual time: it must not drag in the HTTP shell."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, inferencepool.engine_sim.core, inferencepool.engine_sim.virtual;"
+        "print(sorted(m for m in ('aiohttp', 'prometheus_client', 'asyncio') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
