@@ -10,6 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferencepool.engine_sim import metrics
+from inferencepool.engine_sim.profiles import get_profile
 from inferencepool.engine_sim.testing import RunningEngine, running_engine
 from inferencepool.engine_sim.tokenizer import EstimateTokenizer
 
@@ -222,8 +223,7 @@ async def test_running_and_waiting_gauges_follow_the_load(http: aiohttp.ClientSe
     import asyncio
 
     # slow motion, a one-sequence engine: a second request must wait for the first
-    async with running_engine("cpu-demo", MODEL, time_scale=1.0) as slow:
-        slow.engine.core.profile = slow.engine.core.profile.with_overrides(max_num_seqs=1)
+    async with running_engine(get_profile("cpu-demo").with_overrides(max_num_seqs=1), MODEL) as slow:
         body = {"prompt": "x", "max_tokens": 40}
         first = asyncio.ensure_future(call(http, f"{slow.url}/v1/completions", body))
         second = asyncio.ensure_future(call(http, f"{slow.url}/v1/completions", body))

@@ -4,7 +4,8 @@ others'.
     async with running_engine(profile="zero") as engine:
         url = engine.url  # http://127.0.0.1:<port>
 
-`profile` names a profile in profiles.PROFILES; `time_scale` < 1 runs the timing model faster than real time.
+`profile` names a profile in profiles.PROFILES (or is an EngineProfile); `time_scale` < 1 runs the timing
+model faster than real time; other keywords are EngineConfig fields (nixl, lmcache, p2p_peers, kv_lease_s...).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.engine_sim.profiles import EngineProfile, get_profile
 from inferencepool.engine_sim.server import EngineConfig, FakeEngine
 
 
@@ -33,7 +34,7 @@ class RunningEngine:
 
 @contextlib.asynccontextmanager
 async def running_engine(
-    profile: str = "cpu-demo",
+    profile: str | EngineProfile = "cpu-demo",
     model: str = "fake-model",
     *,
     time_scale: float = 1.0,
@@ -41,7 +42,7 @@ async def running_engine(
     **overrides: Any,
 ) -> AsyncIterator[RunningEngine]:
     config = EngineConfig(
-        profile=get_profile(profile),
+        profile=get_profile(profile) if isinstance(profile, str) else profile,
         served_model_names=[model],
         model=model,
         host="127.0.0.1",
