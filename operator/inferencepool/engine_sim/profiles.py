@@ -27,7 +27,8 @@ Sources for the numbers (public figures):
 - Attention runs at 50% of peak FLOPS: FlashAttention-3 reports 75% of H100 peak in its best case and
   FlashAttention-2 35%; vLLM on Hopper uses FA3 kernels with paging overheads.
 - KV capacity follows vLLM's own rule: gpu_memory_utilization x HBM - weights - activation reserve, divided by
-  KV bytes per token (vLLM logs ~450 K tokens for Llama-3.1-8B on one H100 at 0.9, which this reproduces).
+  KV bytes per token; for Llama-3.1-8B on one H100 at 0.9 that is ~400 K tokens, the order of magnitude
+  vLLM's start-up log reports ("GPU KV cache size"); the 3 GiB activation reserve is an assumption.
 - vLLM V1 defaults on >= 70 GB GPUs for the OpenAI server: max_num_batched_tokens 8192, max_num_seqs 1024
   (vllm/engine/arg_utils.py), block size 16.
 """
