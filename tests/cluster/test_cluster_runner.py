@@ -182,3 +182,52 @@ def test_restarted_runner_adopts_running_processes(
 
     core.delete_namespaced_pod("survivor", namespace)
     eventually(lambda: not _pid_exists(pid), 30, "the adopted process to stop when its pod is deleted")
+
+
+def test_fake_engine_pod_answers_openai_requests_at_its_pod_ip(kube_api_client: Any, namespace: str) -> None:
+    core = client.CoreV1Api(kube_api_client)
+    engine = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "engine"},
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "containers": [
+                {
+                    # No command: the image's ENTRYPOINT `vllm serve` applies, as with the real vLLM image.
+                    "name": "vllm",
+                    "image": "inferencepool/fake-engine:0.1.0",
+                    "args": [
+                        "meta-llama/Llama-3.1-8B-Instruct",
+                        "--served-model-name",
+                        "llama-8b",
+                        "--host",
+                        "0.0.0.0",
+                        "--port",
+                        "8000",
+                    ],
+                    "env": [{"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": "0"}],
+                    "ports": [{"name": "http", "containerPort": 8000}],
+                    "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}},
+                }
+            ],
+        },
+    }
+    core.create_namespaced_pod(namespace, engine)
+    pod = eventually(
+        lambda: _is_ready(p := core.read_namespaced_pod("engine", namespace)) and p,
+        90,
+        "the fake-engine pod to be Ready",
+    )
+    base = f"http://{pod.status.pod_ip}:8000"
+    status, body = _get(f"{base}/v1/models")
+    assert status == 200
+    assert [model["id"] for model in json.loads(body)["data"]] == ["llama-8b"]
+    request = urllib.request.Request(
+        f"{base}/v1/completions",
+        data=json.dumps({"model": "llama-8b", "prompt": "Hello", "max_tokens": 3}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        completion = json.loads(response.read())
+    assert completion["usage"]["completion_tokens"] == 3

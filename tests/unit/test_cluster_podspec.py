@@ -121,11 +121,26 @@ def test_host_equals_form_is_rewritten_and_python_module_commands_are_understood
     assert container.argv[:4] == (PYTHON, "-m", "inferencepool", "fake-engine")
 
 
-def test_default_entrypoint_is_used_when_the_pod_sets_no_command() -> None:
+def test_image_entrypoint_and_cmd_apply_as_in_kubernetes() -> None:
     pod = engine_pod(args=["my-model", "--port", "8000"])
     del pod["spec"]["containers"][0]["command"]
     (container,) = plan(pod).containers
     assert container.argv[3:6] == ("fake-engine", "serve", "my-model")
+
+    # The router image: ENTRYPOINT ["inferencepool"], CMD ["router", "--host", "0.0.0.0", "--port", "8000"].
+    router = {"name": "router", "image": "inferencepool/router:0.1.0"}
+    assert podspec.container_argv(router, "router") == [
+        "inferencepool",
+        "router",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+    ]
+    with_args = {**router, "args": ["router", "--config", "/c.yaml"]}
+    assert podspec.container_argv(with_args, "router") == ["inferencepool", "router", "--config", "/c.yaml"]
+    with_command = {**router, "command": ["inferencepool", "router"]}
+    assert podspec.container_argv(with_command, "router") == ["inferencepool", "router"]
 
 
 def test_unsupported_command_is_refused_with_the_container_named() -> None:

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 LOCAL_IMAGE_SUFFIXES = ("fake-engine", "router")
-# What a container without `command` runs: the ENTRYPOINT of images/<component>/Dockerfile.
-DEFAULT_ENTRYPOINTS: Mapping[str, tuple[str, ...]] = {
-    "fake-engine": ("vllm", "serve"),
-    "router": ("inferencepool", "router"),
+# ENTRYPOINT and CMD of images/<component>/Dockerfile, for containers that leave `command` or `args` unset.
+IMAGE_DEFAULTS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "fake-engine": (("vllm", "serve"), ()),
+    "router": (("inferencepool",), ("router", "--host", "0.0.0.0", "--port", "8000")),
 }
 DEFAULT_GRACE_SECONDS = 30
 # Variables a kubelet would set that must not leak in: with them, clients try in-cluster config, which has no
@@ -269,6 +269,14 @@ def process_env(base: Mapping[str, str], pod_env: Mapping[str, str], kubeconfig:
     return env
 
 
+def container_argv(container: Mapping[str, Any], kind: str) -> list[str]:
+    """Kubernetes' rule: `command` replaces ENTRYPOINT (and drops CMD); `args` replaces CMD."""
+    entrypoint, cmd = IMAGE_DEFAULTS[kind]
+    if container.get("command"):
+        return [*container["command"], *container.get("args", [])]
+    return [*entrypoint, *(container["args"] if container.get("args") else cmd)]
+
+
 def plan_container(
     pod: Mapping[str, Any],
     container: Mapping[str, Any],
@@ -281,8 +289,7 @@ def plan_container(
     name = container.get("name", "")
     ip = pod["status"]["podIP"]
     pod_env = resolve_env(pod, container, lookup)
-    command = list(container.get("command") or DEFAULT_ENTRYPOINTS[kind])
-    argv = [expand_references(arg, pod_env) for arg in [*command, *container.get("args", [])]]
+    argv = [expand_references(arg, pod_env) for arg in container_argv(container, kind)]
     local = with_flag(local_command(argv, python, name), "--host", ip)
     declared = _flag_value(local, "--port")
     if declared is not None:

@@ -124,7 +124,8 @@ class PodRunner:
         self.layout = layout
         self.python = python
         self.pods_dir = layout.runner / "pods"
-        self.logs_dir = layout.runner / "logs"
+        # Under logs/, which `cluster down` keeps for a post-mortem.
+        self.logs_dir = layout.logs / "pods"
         self.pods_dir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self.objects: dict[str, dict[str, Any]] = {}
@@ -297,10 +298,17 @@ class PodRunner:
         annotated = (metadata.get("annotations") or {}).get(ANNOTATION_PROCESS_READY) == "true"
         managed = self.managed.get(uid)
         if metadata.get("deletionTimestamp"):
+            grace = metadata.get("deletionGracePeriodSeconds")
             if managed is not None:
-                grace = metadata.get("deletionGracePeriodSeconds")
                 self._begin_stop(managed, managed.plan.grace_seconds if grace is None else int(grace))
-            elif annotated:
+                return
+            # A previous runner may have died while this pod's process drained: finish that first (rare, so
+            # blocking here is acceptable), then let kwok delete the pod.
+            leftovers = [r for r in self._saved_records(uid).values() if procs.is_alive(r)]
+            if leftovers:
+                procs.terminate(leftovers, podspec.DEFAULT_GRACE_SECONDS if grace is None else int(grace))
+            self._record_path(uid).unlink(missing_ok=True)
+            if annotated:
                 self._annotate(pod, None)
             return
         if managed is not None or status.get("phase") != "Running" or not status.get("podIP"):
@@ -467,4 +475,5 @@ def run_forever(layout: Layout) -> int:
     log.info("pod runner stopping its processes")
     runner.stop_all(timeout=10.0)
     ready_marker.unlink(missing_ok=True)
+    log.info("pod runner stopped")
     return 0
