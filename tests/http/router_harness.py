@@ -1,0 +1,105 @@
+"""Run the router and fake engines inside a test's event loop, on loopback with ephemeral ports."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from inferencepool.engine_sim.testing import RunningEngine, running_engine
+from inferencepool.router.config import RouterConfig
+from inferencepool.router.discovery import static_pods
+from inferencepool.router.server import Router, serve
+from inferencepool.router.tokens import EstimateCounter, TokenCounter
+
+MODEL = "fake-model"
+SHORT_PROMPT = "hello there"  # a handful of tokens
+LONG_PROMPT = "the pool keeps shared prefixes warm " * 60  # ~500 tokens however it is counted
+
+
+@dataclass
+class RunningRouter:
+    router: Router
+    url: str
+
+
+@contextlib.asynccontextmanager
+async def running_router(
+    config: RouterConfig, counter: TokenCounter | None = None
+) -> AsyncIterator[RunningRouter]:
+    """The real `serve()` (drain included) in a task; stopped like SIGTERM does when the block ends."""
+    router = Router(config, counter or EstimateCounter())
+    if config.static is not None:
+        router.pods.apply(static_pods(config.static))
+    bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(router, "127.0.0.1", 0, on_listening=bound.set_result, stop=stop))
+    try:
+        port = await asyncio.wait_for(asyncio.shield(bound), 10)
+        yield RunningRouter(router, f"http://127.0.0.1:{port}")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+@contextlib.asynccontextmanager
+async def engines(
+    roles: Sequence[str], profile: str = "zero", **overrides: Any
+) -> AsyncIterator[list[RunningEngine]]:
+    """Fake engines with the NIXL connector on, one per role given."""
+    async with contextlib.AsyncExitStack() as stack:
+        started = [
+            await stack.enter_async_context(running_engine(profile, MODEL, nixl=True, role=role, **overrides))
+            for role in roles
+        ]
+        yield started
+
+
+def config_for(
+    prefill: Sequence[RunningEngine], decode: Sequence[RunningEngine], **fields: Any
+) -> RouterConfig:
+    return RouterConfig.model_validate(
+        {
+            "static": {"prefill": [e.url for e in prefill], "decode": [e.url for e in decode]},
+            "servedModelName": MODEL,
+            **fields,
+        }
+    )
+
+
+async def metric_sum(url: str, name: str, **labels: str) -> float:
+    """Sum of a metric's samples (counters by their _total sample) on a /metrics page, filtered by labels."""
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as response:
+        text = await response.text()
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name != name:
+            continue
+        for sample in family.samples:
+            if sample.name in (name, f"{name}_total") and all(
+                sample.labels.get(k) == v for k, v in labels.items()
+            ):
+                total += sample.value
+    return total
+
+
+async def engine_requests(engine: RunningEngine) -> float:
+    """Requests an engine finished, as it reports them (vllm:request_success)."""
+    return await metric_sum(engine.url, "vllm:request_success")
+
+
+async def complete(
+    url: str, prompt: str = SHORT_PROMPT, *, stream: bool = False, max_tokens: int = 4, **extra: Any
+) -> tuple[int, str, dict[str, str]]:
+    """POST /v1/completions; returns status, body text and response headers."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": stream, **extra}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url + "/v1/completions", json=body) as response,
+    ):
+        return response.status, await response.text(), dict(response.headers)
