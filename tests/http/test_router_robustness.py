@@ -1,4 +1,4 @@
-"""Failures the router must absorb: dead pods, missing prefill pool, bad input, disconnects, scale-down, SIGTERM."""
+"""Failures the router absorbs: dead pods, no prefill pool, bad input, disconnects, scale-down, SIGTERM."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ import sys
 
 import aiohttp
 import pytest
-
-from inferencepool.router.pods import PodSpec
 from tests.http.router_harness import (
     LONG_PROMPT,
     MODEL,
@@ -25,6 +23,8 @@ from tests.http.router_harness import (
     metric_sum,
     running_router,
 )
+
+from inferencepool.router.pods import PodSpec
 
 
 def closed_port_url() -> str:
@@ -78,14 +78,16 @@ async def test_failed_prefill_leg_falls_back_to_a_decode_pod() -> None:
 
 
 async def test_pod_that_died_before_the_request_is_retried_on_another() -> None:
-    async with engines(["decode", "decode"]) as (alive, doomed):
-        async with running_router(config_for([], [alive, doomed])) as router:
-            await doomed.engine.stop()  # the process is gone; discovery has not noticed yet
-            statuses = [(await complete(router.url, SHORT_PROMPT))[0] for _ in range(6)]
-            assert statuses == [200] * 6
-            assert await engine_requests(alive) == 6
-            assert await metric_sum(router.url, "inferencepool_router_retries", role="decode") >= 1
-            assert await metric_sum(router.url, "inferencepool_router_upstream_errors", kind="connect") >= 1
+    async with (
+        engines(["decode", "decode"]) as (alive, doomed),
+        running_router(config_for([], [alive, doomed])) as router,
+    ):
+        await doomed.engine.stop()  # the process is gone; discovery has not noticed yet
+        statuses = [(await complete(router.url, SHORT_PROMPT))[0] for _ in range(6)]
+        assert statuses == [200] * 6
+        assert await engine_requests(alive) == 6
+        assert await metric_sum(router.url, "inferencepool_router_retries", role="decode") >= 1
+        assert await metric_sum(router.url, "inferencepool_router_upstream_errors", kind="connect") >= 1
 
 
 async def test_no_pod_can_serve_gives_502_or_503_with_a_message() -> None:
@@ -104,91 +106,97 @@ async def test_no_pod_can_serve_gives_502_or_503_with_a_message() -> None:
 
 
 async def test_bad_input_gets_openai_style_errors() -> None:
-    async with engines(["decode"]) as (decode,):
-        async with running_router(config_for([], [decode], maxRequestBytes=4096)) as router:
-            cases = [
-                (b"{not json", 400, "not valid JSON"),
-                (json.dumps({"prompt": "x"}).encode(), 400, "`model` is required"),
-                (json.dumps({"model": "gpt-x", "prompt": "x"}).encode(), 404, "does not exist"),
-                (json.dumps({"model": MODEL}).encode(), 400, "`prompt` is required"),
-                (json.dumps({"model": MODEL, "prompt": "x" * 5000}).encode(), 413, "4096 bytes"),
-            ]
-            async with aiohttp.ClientSession() as http:
-                for payload, status, needle in cases:
-                    async with http.post(router.url + "/v1/completions", data=payload) as response:
-                        error = (await response.json())["error"]
-                        assert response.status == status and needle in error["message"], (payload[:40], error)
-                        assert error["code"] == status and error["type"]
-                # The engine's own validation errors come back as the engine wrote them.
-                body = {"model": MODEL, "prompt": "x", "max_tokens": 0}
-                async with http.post(router.url + "/v1/completions", json=body) as response:
-                    assert response.status == 400 and "max_tokens" in (await response.text())
-            assert await engine_requests(decode) == 0
-            status, _, _ = await complete(router.url)
-            assert status == 200  # and the router is still fine
+    async with (
+        engines(["decode"]) as (decode,),
+        running_router(config_for([], [decode], maxRequestBytes=4096)) as router,
+    ):
+        cases = [
+            (b"{not json", 400, "not valid JSON"),
+            (json.dumps({"prompt": "x"}).encode(), 400, "`model` is required"),
+            (json.dumps({"model": "gpt-x", "prompt": "x"}).encode(), 404, "does not exist"),
+            (json.dumps({"model": MODEL}).encode(), 400, "`prompt` is required"),
+            (json.dumps({"model": MODEL, "prompt": "x" * 5000}).encode(), 413, "4096 bytes"),
+        ]
+        async with aiohttp.ClientSession() as http:
+            for payload, status, needle in cases:
+                async with http.post(router.url + "/v1/completions", data=payload) as response:
+                    error = (await response.json())["error"]
+                    assert response.status == status and needle in error["message"], (payload[:40], error)
+                    assert error["code"] == status and error["type"]
+            # The engine's own validation errors come back as the engine wrote them.
+            body = {"model": MODEL, "prompt": "x", "max_tokens": 0}
+            async with http.post(router.url + "/v1/completions", json=body) as response:
+                assert response.status == 400 and "max_tokens" in (await response.text())
+        assert await engine_requests(decode) == 0
+        status, _, _ = await complete(router.url)
+        assert status == 200  # and the router is still fine
 
 
 @pytest.mark.parametrize("stream", [True, False])
 async def test_client_disconnect_cancels_the_upstream_request(stream: bool) -> None:
-    async with engines(["decode"], profile="cpu-demo") as (decode,):
-        async with running_router(config_for([], [decode])) as router:
-            body = {"model": MODEL, "prompt": SHORT_PROMPT, "max_tokens": 2000, "stream": stream}
-            async with aiohttp.ClientSession() as http:
-                sending = asyncio.create_task(http.post(router.url + "/v1/completions", json=body))
-                for _ in range(50):  # until the engine runs it (~40 s of tokens ahead)
-                    if await metric_sum(decode.url, "vllm:num_requests_running") == 1:
-                        break
-                    await asyncio.sleep(0.05)
-                assert await metric_sum(decode.url, "vllm:num_requests_running") == 1
-                if stream:
-                    response = await sending
-                    assert b"data:" in await response.content.readany()
-                    response.close()
-                else:
-                    sending.cancel()  # a non-streamed request: the client gives up while waiting
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await sending
+    async with (
+        engines(["decode"], profile="cpu-demo") as (decode,),
+        running_router(config_for([], [decode])) as router,
+    ):
+        body = {"model": MODEL, "prompt": SHORT_PROMPT, "max_tokens": 2000, "stream": stream}
+        async with aiohttp.ClientSession() as http:
+            sending = asyncio.create_task(http.post(router.url + "/v1/completions", json=body))
+            for _ in range(50):  # until the engine runs it (~40 s of tokens ahead)
+                if await metric_sum(decode.url, "vllm:num_requests_running") == 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert await metric_sum(decode.url, "vllm:num_requests_running") == 1
+            if stream:
+                response = await sending
+                assert b"data:" in await response.content.readany()
+                response.close()
+            else:
+                sending.cancel()  # a non-streamed request: the client gives up while waiting
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sending
+        for _ in range(50):
+            if await metric_sum(router.url, "inferencepool_router_client_disconnects") == 1:
+                break
+            await asyncio.sleep(0.1)
+        assert await metric_sum(router.url, "inferencepool_router_client_disconnects") == 1
+        assert await metric_sum(router.url, "inferencepool_router_in_flight_requests") == 0
+        if stream:
+            # The engine aborts once its next token finds the router's connection closed. (The fake engine
+            # does not watch for disconnects while it computes a non-streamed answer, as vLLM does, so the
+            # non-streamed case is checked at the router only.)
             for _ in range(50):
-                if await metric_sum(router.url, "inferencepool_router_client_disconnects") == 1:
+                if await metric_sum(decode.url, "vllm:num_requests_running") == 0:
                     break
                 await asyncio.sleep(0.1)
-            assert await metric_sum(router.url, "inferencepool_router_client_disconnects") == 1
-            assert await metric_sum(router.url, "inferencepool_router_in_flight_requests") == 0
-            if stream:
-                # The engine aborts once its next token finds the router's connection closed. (The fake engine
-                # does not watch for disconnects while it computes a non-streamed answer, as vLLM does, so the
-                # non-streamed case is checked at the router only.)
-                for _ in range(50):
-                    if await metric_sum(decode.url, "vllm:num_requests_running") == 0:
-                        break
-                    await asyncio.sleep(0.1)
-                assert await metric_sum(decode.url, "vllm:num_requests_running") == 0
+            assert await metric_sum(decode.url, "vllm:num_requests_running") == 0
 
 
 async def test_terminating_pod_finishes_its_streams_and_gets_no_new_requests() -> None:
-    async with engines(["decode", "decode"], profile="cpu-demo") as (first, second):
-        async with running_router(config_for([], [first, second])) as router:
-            body = {"model": MODEL, "prompt": SHORT_PROMPT, "max_tokens": 60, "stream": True}
-            async with aiohttp.ClientSession() as http:
-                response = await http.post(router.url + "/v1/completions", json=body)
-                await response.content.readany()
-                busy = next(p for p in router.router.pods.pods.values() if p.outstanding == 1)
-                leaving, staying = (first, second) if busy.url == first.url else (second, first)
-                # Scale-down: discovery now reports that pod terminating (deletionTimestamp set).
-                router.router.pods.apply(
-                    [
-                        PodSpec(busy.name, leaving.url, "decode", terminating=True),
-                        PodSpec("staying", staying.url, "decode"),
-                    ]
-                )
-                for _ in range(4):
-                    assert (await complete(router.url))[0] == 200
-                rest = await response.read()
-                response.release()
-            events = rest.count(b"data: {")
-            assert rest.rstrip().endswith(b"data: [DONE]") and events >= 50  # the stream ran to its end
-            assert await engine_requests(leaving) == 1  # only the stream it already had
-            assert await engine_requests(staying) == 4
+    async with (
+        engines(["decode", "decode"], profile="cpu-demo") as (first, second),
+        running_router(config_for([], [first, second])) as router,
+    ):
+        body = {"model": MODEL, "prompt": SHORT_PROMPT, "max_tokens": 60, "stream": True}
+        async with aiohttp.ClientSession() as http:
+            response = await http.post(router.url + "/v1/completions", json=body)
+            await response.content.readany()
+            busy = next(p for p in router.router.pods.pods.values() if p.outstanding == 1)
+            leaving, staying = (first, second) if busy.url == first.url else (second, first)
+            # Scale-down: discovery now reports that pod terminating (deletionTimestamp set).
+            router.router.pods.apply(
+                [
+                    PodSpec(busy.name, leaving.url, "decode", terminating=True),
+                    PodSpec("staying", staying.url, "decode"),
+                ]
+            )
+            for _ in range(4):
+                assert (await complete(router.url))[0] == 200
+            rest = await response.read()
+            response.release()
+        events = rest.count(b"data: {")
+        assert rest.rstrip().endswith(b"data: [DONE]") and events >= 50  # the stream ran to its end
+        assert await engine_requests(leaving) == 1  # only the stream it already had
+        assert await engine_requests(staying) == 4
 
 
 async def test_sigterm_drains_in_flight_streams_then_exits() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from openai import AsyncOpenAI
-
 from tests.http.router_harness import (
     LONG_PROMPT,
     MODEL,
@@ -45,13 +44,15 @@ async def test_length_aware_sends_short_prompts_direct_and_long_ones_through_pre
     [("AlwaysDisaggregate", "disaggregated", 2), ("Colocated", "direct", 0)],
 )
 async def test_policy_overrides_length(policy: str, route: str, prefill_requests: int) -> None:
-    async with engines(["prefill", "decode"]) as (prefill, decode):
-        async with running_router(config_for([prefill], [decode], policy=policy)) as router:
-            for prompt in (SHORT_PROMPT, LONG_PROMPT):
-                status, _, headers = await complete(router.url, prompt)
-                assert status == 200 and headers["X-Inferencepool-Route"] == route
-            assert await engine_requests(prefill) == prefill_requests
-            assert await engine_requests(decode) == 2
+    async with (
+        engines(["prefill", "decode"]) as (prefill, decode),
+        running_router(config_for([prefill], [decode], policy=policy)) as router,
+    ):
+        for prompt in (SHORT_PROMPT, LONG_PROMPT):
+            status, _, headers = await complete(router.url, prompt)
+            assert status == 200 and headers["X-Inferencepool-Route"] == route
+        assert await engine_requests(prefill) == prefill_requests
+        assert await engine_requests(decode) == 2
 
 
 async def test_threshold_is_counted_in_prompt_tokens() -> None:
