@@ -1,0 +1,236 @@
+"""`inferencepool demo`: the whole product on this machine, no GPU, no cloud, no Docker.
+
+Starts the local control plane (built from Go modules on first use), installs the CRD, runs the operator,
+applies examples/demo-cpu.yaml (fake engines with an H100 timing profile), waits until the pool is Ready, then
+sends a short and a long prompt through the pool's router and shows which route each took, its TTFT, and
+`kubectl get pdpool`. Everything it started is stopped at the end unless --keep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from inferencepool.api import labels
+
+DEFAULT_POOL_FILE = Path("examples/demo-cpu.yaml")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pool-file", type=Path, default=DEFAULT_POOL_FILE, help="InferencePool to apply")
+    parser.add_argument("--state-dir", type=Path, default=None, help="cluster state directory")
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to wait for the pool to be Ready"
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="leave the cluster, operator and pool running at the end"
+    )
+
+
+def say(message: str) -> None:
+    print(f"==> {message}", flush=True)
+
+
+@dataclass
+class Kubectl:
+    binary: str
+    kubeconfig: Path
+
+    def __call__(self, *args: str, input_text: str | None = None, check: bool = True) -> str:
+        result = subprocess.run(
+            [self.binary, *args],
+            input=input_text,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result.stdout
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self(*args, "-o", "json"))
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float, show: Callable[[], str]) -> None:
+    deadline = time.monotonic() + timeout
+    last_shown = ""
+    while time.monotonic() < deadline:
+        if check():
+            return
+        shown = show()
+        if shown and shown != last_shown:
+            print(f"    {shown}", flush=True)
+            last_shown = shown
+        time.sleep(2.0)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def pool_ready(pool: dict[str, Any]) -> bool:
+    conditions = pool.get("status", {}).get("conditions", [])
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def router_address(kubectl: Kubectl, namespace: str, pool_name: str) -> str:
+    """The router pod's IP: Services get no endpoints on loopback pod IPs, so go to the pod (see README)."""
+    selector = f"{labels.LABEL_POOL}={pool_name},{labels.LABEL_ROLE}=router"
+    pods = kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
+    ready = [
+        p
+        for p in pods
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+    ]
+    if not ready:
+        raise RuntimeError(f"no Ready router pod for pool {pool_name}")
+    port = next(
+        port["containerPort"]
+        for port in ready[0]["spec"]["containers"][0].get("ports", [])
+        if port.get("name") == "http"
+    )
+    return f"http://{ready[0]['status']['podIP']}:{port}"
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    ttft_s: float
+    total_s: float
+    chunks: int
+    text: str
+
+
+def stream_chat(base_url: str, model: str, prompt: str, max_tokens: int) -> StreamResult:
+    body = json.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "stream": True,
+        }
+    ).encode()
+    request = urllib.request.Request(
+        f"{base_url}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    started = time.perf_counter()
+    first: float | None = None
+    chunks, text = 0, []
+    with urllib.request.urlopen(request, timeout=120) as response:
+        for raw in response:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            delta = json.loads(line[6:])["choices"][0].get("delta", {}).get("content") or ""
+            if delta:
+                first = first if first is not None else time.perf_counter()
+                chunks += 1
+                text.append(delta)
+    ended = time.perf_counter()
+    return StreamResult((first or ended) - started, ended - started, chunks, "".join(text))
+
+
+def router_routes(base_url: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    routes: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "inferencepool_router_requests":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    routes[sample.labels["route"]] = sample.value
+    return routes
+
+
+def run(args: argparse.Namespace) -> int:
+    from inferencepool.api.crd import crd_yaml
+    from inferencepool.cluster import controlplane
+    from inferencepool.cluster.components import Layout
+    from inferencepool.cluster.paths import default_state_dir
+    from inferencepool.cluster.testing import kubectl_binary
+
+    pool_doc = yaml.safe_load(args.pool_file.read_text())
+    pool_name = pool_doc["metadata"]["name"]
+    namespace = pool_doc["metadata"].get("namespace", "default")
+    model = pool_doc["spec"]["model"].get("servedName") or pool_doc["spec"]["model"]["name"]
+    state_dir = (args.state_dir or default_state_dir()).absolute()
+
+    say("starting the local control plane (etcd, kube-apiserver, controllers, kwok; first run builds them)")
+    was_running = all(controlplane.running_components(Layout(state_dir)).values())
+    kubeconfig = controlplane.up(state_dir)
+    kubectl = Kubectl(kubectl_binary(), kubeconfig)
+    print(f"    KUBECONFIG={kubeconfig}")
+
+    say("installing the InferencePool CRD (server-side apply)")
+    kubectl("apply", "--server-side", "-f", "-", input_text=crd_yaml())
+    kubectl("wait", "--for=condition=Established", "crd/inferencepools.serving.inferencepool.dev")
+
+    say("starting the operator")
+    operator_log = (state_dir / "demo-operator.log").open("w")
+    operator = subprocess.Popen(
+        [sys.executable, "-m", "inferencepool", "operator"],
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        stdout=operator_log,
+        stderr=subprocess.STDOUT,
+    )
+    print(f"    pid {operator.pid}, log {operator_log.name}")
+    try:
+        say(f"applying {args.pool_file}")
+        print("    " + kubectl("apply", "-f", str(args.pool_file)).strip())
+        say("waiting for the pool to be Ready (kubectl get pdpool)")
+
+        def show() -> str:
+            row = kubectl("get", "pdpool", pool_name, "-n", namespace, "--no-headers", check=False).split()
+            return " ".join(row[:-1])  # without AGE, so a line is printed only when something changed
+
+        wait_for(
+            "the pool to be Ready",
+            lambda: pool_ready(kubectl.json("get", "pdpool", pool_name, "-n", namespace)),
+            args.timeout,
+            show,
+        )
+        print(kubectl("get", "pdpool", "-n", namespace, "-o", "wide"))
+        print(kubectl("get", "pods", "-n", namespace, "-l", f"{labels.LABEL_POOL}={pool_name}", "-o", "wide"))
+
+        base_url = router_address(kubectl, namespace, pool_name)
+        threshold = pool_doc["spec"].get("router", {}).get("prefillThresholdTokens", 4096)
+        say(f"sending requests through the router at {base_url} (prefill threshold {threshold} tokens)")
+        prompts = {
+            "short prompt": "Explain in one sentence why decode is memory-bound.",
+            "long prompt": " ".join(f"Paragraph {i} of a long design document." for i in range(1200)),
+        }
+        for label, prompt in prompts.items():
+            before = router_routes(base_url)
+            result = stream_chat(base_url, model, prompt, max_tokens=32)
+            after = router_routes(base_url)
+            route = next((r for r, v in after.items() if v > before.get(r, 0.0)), "?")
+            print(
+                f"    {label:13s} ({len(prompt):5d} chars): route={route:14s} "
+                f"TTFT {result.ttft_s * 1000:7.1f} ms, "
+                f"{result.chunks} chunks in {result.total_s * 1000:7.1f} ms"
+            )
+        say("the long prompt took prefill -> KV transfer -> decode; the short one went straight to decode")
+        print(kubectl("get", "pdpool", "-n", namespace))
+        return 0
+    finally:
+        if args.keep:
+            say(f"left running (--keep); stop with: inferencepool cluster down --state-dir {state_dir}")
+        else:
+            say("cleaning up")
+            kubectl("delete", "-f", str(args.pool_file), "--wait=true", "--timeout=60s", check=False)
+            operator.terminate()
+            operator.wait(timeout=30)
+            if not was_running:
+                controlplane.down(state_dir)
+        operator_log.close()
