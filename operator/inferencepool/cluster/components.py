@@ -19,6 +19,11 @@ NODE_NAME_PREFIX = "inferencepool-node-"
 # kube-scheduler keeps a node's pod count under this, so one node's /24 pod range never runs out.
 PODS_PER_NODE = 250
 NODE_LEASE_SECONDS = 40
+DISABLED_CONTROLLERS = (
+    "endpoints-controller",
+    "endpointslice-controller",
+    "endpointslice-mirroring-controller",
+)
 # Start order; `down` stops them in reverse.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "pod-runner")
 
@@ -237,9 +242,10 @@ def component_argv(
             f"--authorization-always-allow-paths={health_paths}",
             f"--root-ca-file={pki / 'ca.crt'}",
             f"--service-account-private-key-file={pki / 'admin.key'}",
-            # "*" is every controller that is on by default: statefulset, garbagecollector, serviceaccount,
-            # ...
-            "--controllers=*",
+            # Every default controller (statefulset, garbage collector, serviceaccount, ...) except those that
+            # write pod IPs into Endpoints/EndpointSlices: the API server refuses loopback addresses there, so
+            # they would only retry and emit Warning events forever. Pods are discovered from Pod objects.
+            "--controllers=*," + ",".join(f"-{name}" for name in DISABLED_CONTROLLERS),
         ]
     if component == "kube-scheduler":
         return [

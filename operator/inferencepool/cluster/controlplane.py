@@ -125,9 +125,9 @@ def release_pod_octet(layout: Layout, octet: int) -> None:
 
 # --- health checks
 def _https_ok(url: str, layout: Layout, timeout: float = 2.0) -> bool:
-    context = ssl.create_default_context(cafile=str(layout.pki / "ca.crt"))
-    context.load_cert_chain(str(layout.pki / "admin.crt"), str(layout.pki / "admin.key"))
     try:
+        context = ssl.create_default_context(cafile=str(layout.pki / "ca.crt"))
+        context.load_cert_chain(str(layout.pki / "admin.crt"), str(layout.pki / "admin.key"))
         with urllib.request.urlopen(url, timeout=timeout, context=context) as response:
             return int(response.status) == 200
     except (OSError, urllib.error.URLError, ssl.SSLError):
@@ -267,6 +267,25 @@ def _default_service_account(api: Any) -> bool:
         raise
 
 
+def _wait_until_usable(layout: Layout, config: ClusterConfig, nodes: int, gpus_per_node: int) -> None:
+    api = _api(layout)
+    names = ensure_nodes(api, config.pod_octet, nodes, gpus_per_node)
+    _wait(
+        f"node(s) {', '.join(names)} to be Ready (kwok)",
+        lambda: _nodes_ready(api, names),
+        60.0,
+        layout,
+        "kwok",
+    )
+    _wait(
+        "the default ServiceAccount (kube-controller-manager)",
+        lambda: _default_service_account(api),
+        90.0,
+        layout,
+        "kube-controller-manager",
+    )
+
+
 def up(
     state_dir: Path, nodes: int = 1, gpus_per_node: int = 8, progress: Progress = build.stderr_progress
 ) -> Path:
@@ -290,28 +309,24 @@ def up(
         if layout.bin_link.is_symlink() or layout.bin_link.exists():
             layout.bin_link.unlink()
         layout.bin_link.symlink_to(bin_dir)
-        for name in COMPONENTS:
-            if running[name]:
-                continue
-            progress(f"starting {name}")
-            _start_component(name, bin_dir, layout, config)
-            _wait_component(name, layout, config)
-        api = _api(layout)
-        names = ensure_nodes(api, config.pod_octet, nodes, gpus_per_node)
-        _wait(
-            f"node(s) {', '.join(names)} to be Ready (kwok)",
-            lambda: _nodes_ready(api, names),
-            60.0,
-            layout,
-            "kwok",
-        )
-        _wait(
-            "the default ServiceAccount (kube-controller-manager)",
-            lambda: _default_service_account(api),
-            90.0,
-            layout,
-            "kube-controller-manager",
-        )
+        started_now: list[str] = []
+        try:
+            for name in COMPONENTS:
+                if running[name]:
+                    continue
+                progress(f"starting {name}")
+                started_now.append(name)
+                _start_component(name, bin_dir, layout, config)
+                _wait_component(name, layout, config)
+            _wait_until_usable(layout, config, nodes, gpus_per_node)
+        except BaseException:
+            # Leave nothing half-started behind; what was already running before this call stays.
+            for name in reversed(started_now):
+                record = procs.read_record(layout.pid_file(name))
+                if record is not None:
+                    procs.terminate([record], STOP_GRACE_SECONDS.get(name, DEFAULT_STOP_GRACE))
+                layout.pid_file(name).unlink(missing_ok=True)
+            raise
         if not all(running.values()):
             progress(f"cluster ready in {time.monotonic() - started:.1f}s (state {layout.root})")
         return layout.kubeconfig

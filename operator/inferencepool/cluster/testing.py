@@ -36,6 +36,11 @@ class TestCluster:
     kubectl_binary: str
     owned: bool
 
+    @property
+    def bin_dir(self) -> Path:
+        """etcd, kube-*, kwok and helm as built for this cluster."""
+        return self.state_dir / "bin"
+
     def kubectl(
         self, *args: str, input_text: str | None = None, timeout: float = 60.0
     ) -> subprocess.CompletedProcess[str]:
