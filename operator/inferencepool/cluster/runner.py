@@ -255,9 +255,12 @@ class PodRunner:
             else:
                 adopted_all = False
                 self._start(managed, running, pod)
-        # Processes that were already running and already announced stay Ready across a runner restart.
-        annotations = pod["metadata"].get("annotations") or {}
-        managed.ready = adopted_all and annotations.get(ANNOTATION_PROCESS_READY) == "true"
+        # Processes that were already running and already announced stay Ready across a runner restart; a
+        # process started afresh makes the pod NotReady until it answers its probe.
+        annotated = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_PROCESS_READY) == "true"
+        managed.ready = adopted_all and annotated
+        if annotated and not adopted_all:
+            self._annotate(pod, None)
         self._save(managed)
         return managed
 

@@ -25,6 +25,8 @@ from inferencepool.cluster import build, controlplane
 
 ENV_TEST_CLUSTER = "INFERENCEPOOL_TEST_CLUSTER"
 T = TypeVar("T")
+# Two 8-GPU nodes: room for a couple of GPU pools applied by tests whose namespaces are still being deleted.
+TEST_NODES = 2
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ def session_cluster(scratch: Path, progress: build.Progress) -> Iterator[TestClu
     state_dir = Path(shared).absolute() if shared else scratch / "cluster"
     owned = not shared
     try:
-        kubeconfig = controlplane.up(state_dir, progress=progress)
+        kubeconfig = controlplane.up(state_dir, nodes=TEST_NODES, progress=progress)
         yield TestCluster(state_dir, kubeconfig, kubectl_binary(), owned)
     finally:
         if owned:
