@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -76,6 +77,18 @@ def snapshot_from_pods(pods: Iterable[Mapping[str, Any]], port_name: str = "http
     return [spec for pod in pods if (spec := pod_spec_from_object(pod, port_name)) is not None]
 
 
+def _api_client() -> Any:
+    """In-cluster config when the router runs in a pod, else the kubeconfig named by $KUBECONFIG (read now,
+    not when the Kubernetes client was imported)."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+        return client.ApiClient()
+    except config.ConfigException:
+        return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))
+
+
 class PodWatcher:
     """List + watch the pool's Pods in a thread; every change delivers a full snapshot to `apply` on the
     loop."""
@@ -117,19 +130,17 @@ class PodWatcher:
         self._loop.call_soon_threadsafe(apply)
 
     def _run(self) -> None:
-        from kubernetes import client, config, watch
+        from kubernetes import client, watch
         from kubernetes.client.exceptions import ApiException
 
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        api = client.CoreV1Api()
-        serialize = client.ApiClient().sanitize_for_serialization
         selector = labels.pool_selector(self.pool)
         backoff = 1.0
+        api: Any = None
         while not self._stop.is_set():
             try:
+                if api is None:
+                    api = client.CoreV1Api(_api_client())
+                serialize = api.api_client.sanitize_for_serialization
                 listed = api.list_namespaced_pod(self.namespace, label_selector=selector)
                 pods: dict[str, dict[str, Any]] = {}
                 for item in listed.items:
