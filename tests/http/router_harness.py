@@ -73,19 +73,16 @@ def config_for(
 
 
 async def metric_sum(url: str, name: str, **labels: str) -> float:
-    """Sum of a metric's samples (counters by their _total sample) on a /metrics page, filtered by labels."""
+    """Sum of the samples named `name` (or `name`_total) on a /metrics page, filtered by labels."""
     async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as response:
         text = await response.text()
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        if family.name != name:
-            continue
-        for sample in family.samples:
-            if sample.name in (name, f"{name}_total") and all(
-                sample.labels.get(k) == v for k, v in labels.items()
-            ):
-                total += sample.value
-    return total
+    wanted = (name, f"{name}_total")
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name in wanted and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 async def engine_requests(engine: RunningEngine) -> float:
