@@ -157,8 +157,11 @@ def test_gpu_example_becomes_ready_is_idempotent_rolls_and_is_collected(
         status = get_pool(admin_kube, namespace, "llama-8b")["status"]  # type: ignore[index]
         assert status["observedGeneration"] == pool["metadata"]["generation"]
         assert status["router"]["endpoint"] == f"http://llama-8b.{namespace}.svc"
-        reasons = event_reasons(admin_kube, namespace, "llama-8b")
-        assert {"Created", "Ready"} <= set(reasons)
+        eventually(
+            lambda: {"Created", "Ready"} <= set(event_reasons(admin_kube, namespace, "llama-8b")),
+            10,
+            "Created and Ready events",
+        )
         # The operator never writes the spec.
         assert get_pool(admin_kube, namespace, "llama-8b")["metadata"]["generation"] == 1  # type: ignore[index]
         assert not get_pool(admin_kube, namespace, "llama-8b")["metadata"].get("finalizers")  # type: ignore[index]
@@ -236,7 +239,9 @@ def test_missing_secret_is_degraded_by_name_then_recovers(
     degraded = wait_condition(admin_kube, namespace, "demo", "Degraded", "True", timeout=60)
     assert degraded["reason"] == "MissingSecret"
     assert "'hf-token'" in degraded["message"] and "spec.model.tokenSecret" in degraded["message"]
-    assert "MissingSecret" in event_reasons(admin_kube, namespace, "demo")
+    eventually(
+        lambda: "MissingSecret" in event_reasons(admin_kube, namespace, "demo"), 10, "a MissingSecret event"
+    )
     # The children are applied anyway; pods wait for the Secret as they would on any cluster.
     assert admin_kube.get("apps/v1", "StatefulSet", namespace, "demo-decode") is not None
 
@@ -277,4 +282,5 @@ def test_a_child_deleted_by_hand_comes_back(
         60,
         "the router Deployment to be applied again",
     )
-    assert "Applied" in event_reasons(admin_kube, namespace, "demo")
+    # kopf posts events from a queue, a moment after the handler asks.
+    eventually(lambda: "Applied" in event_reasons(admin_kube, namespace, "demo"), 10, "an Applied event")

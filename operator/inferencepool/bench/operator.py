@@ -118,6 +118,19 @@ def count_children(kube: Kube, namespace: str, selector: str) -> int:
     return sum(len(kube.list(api_version, kind, namespace, selector)) for api_version, kind in CHILD_KINDS)
 
 
+def children_by_pool(kube: Kube, namespace: str) -> dict[str, int]:
+    from collections import Counter
+
+    from inferencepool.api import labels
+
+    selector = f"{labels.LABEL_MANAGED_BY}={labels.MANAGED_BY}"
+    counts: Counter[str] = Counter()
+    for api_version, kind in CHILD_KINDS:
+        for item in kube.list(api_version, kind, namespace, selector):
+            counts[item["metadata"]["labels"].get(labels.LABEL_POOL, "?")] += 1
+    return dict(counts)
+
+
 class Bench:
     def __init__(self, kube: Kube, namespace: str, operator_pid: int, timeout: float) -> None:
         self.kube, self.namespace, self.pid, self.deadline = (
@@ -174,11 +187,12 @@ class Bench:
                 f"  {elapsed:6.1f}s  {done:4d}/{count} pools applied  operator RSS {rss:6.1f} MiB", flush=True
             )
         results.all_pools_seconds = time.monotonic() - started
-        selector = f"{labels.LABEL_MANAGED_BY}={labels.MANAGED_BY}"
-        found = count_children(self.kube, self.namespace, selector)
-        expected = count * results.children_per_pool
-        if found != expected:
-            raise RuntimeError(f"{found} children exist after {count} pools; expected {expected}")
+        found = children_by_pool(self.kube, self.namespace)
+        short = {
+            name: found.get(name, 0) for name in names if found.get(name, 0) != results.children_per_pool
+        }
+        if short:
+            raise RuntimeError(f"pools without exactly {results.children_per_pool} children: {short}")
 
 
 def start_operator(kubeconfig: Path, namespace: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:

@@ -13,6 +13,7 @@ autoscaler, because a field its last owner drops is reset by the API server to t
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -69,15 +70,21 @@ def autoscaled_role(pool: InferencePool, manifest: Manifest) -> PoolRole | None:
 
 
 def applied_at(obj: dict[str, Any]) -> str:
-    """Which object (uid) the operator's apply last changed, and when (its managedFields entry, seconds)."""
+    """A stamp that changes when the operator's apply changes `obj`, not when a controller writes its status.
+
+    The object's uid (re-created?), the time of the operator's managedFields entry (whole seconds), and its
+    generation, which counts spec changes, where it has one (elsewhere the resourceVersion: objects without a
+    status are only written by their appliers).
+    """
     meta = obj.get("metadata", {})
+    version = meta.get("generation") or meta.get("resourceVersion", "")
     for entry in meta.get("managedFields") or []:
         if (
             entry.get("manager") == labels.FIELD_MANAGER
             and entry.get("operation") == "Apply"
             and not entry.get("subresource")
         ):
-            return f"{meta.get('uid', '')}@{entry.get('time', '')}"
+            return f"{meta.get('uid', '')}@{entry.get('time', '')}#{version}"
     return ""
 
 
@@ -86,33 +93,54 @@ def _cache_key(manifest: Manifest) -> str:
     return f"{meta['namespace']}/{manifest['kind']}/{meta['name']}"
 
 
+WORKLOAD_KINDS = ("StatefulSet", "Deployment")
+
+
+def apply_one(kube: Kube, pool: InferencePool, manifest: Manifest) -> dict[str, Any]:
+    """Apply one child (with the replica hand-over for an autoscaled StatefulSet); returns it as stored."""
+    role = autoscaled_role(pool, manifest)
+    if role is not None:
+        meta = manifest["metadata"]
+        before = kube.get("apps/v1", "StatefulSet", meta["namespace"], meta["name"])
+        if before is not None and replicas_managers(before) <= {labels.FIELD_MANAGER}:
+            # Autoscaling was just switched on: keep today's count by giving it to the autoscaler first.
+            current = int(before.get("spec", {}).get("replicas", 1))
+            kube.apply(replicas_document(manifest, current), labels.AUTOSCALER_FIELD_MANAGER)
+    stored = kube.apply(manifest, labels.FIELD_MANAGER)
+    if role is not None and not replicas_managers(stored) - {labels.FIELD_MANAGER}:
+        # A new StatefulSet: nobody owns replicas yet, so seed the starting count for the autoscaler.
+        seed = replicas_document(manifest, pool.spec.pool(role).initial_replicas())
+        stored = kube.apply(seed, labels.AUTOSCALER_FIELD_MANAGER)
+    return stored
+
+
 def apply_children(
-    kube: Kube, pool: InferencePool, children: list[Manifest], stamps: dict[str, str]
+    kube: Kube, pool: InferencePool, children: list[Manifest], stamps: dict[str, str], parallelism: int = 8
 ) -> ApplyReport:
-    """Apply every child in order; raises KubeError on the first failure (the caller reports it).
+    """Apply every child; raises KubeError on the first failure (the caller reports it).
+
+    Waves, each applied concurrently (one apply is a round trip to the API server): first what the
+    workloads read (ConfigMaps, Services, the Role, budgets), then the RoleBinding (RBAC checks that the Role
+    it grants exists and holds no more than its creator does), then the StatefulSets and Deployments.
 
     `stamps` remembers, per child, when the operator's own apply last changed it (the time of its entry in
     managedFields; controllers writing status do not touch it), so the report can say which children an apply
     actually changed. A child first seen since the operator started counts as changed.
     """
     report = ApplyReport()
-    for manifest in children:
-        role = autoscaled_role(pool, manifest)
-        if role is not None:
-            meta = manifest["metadata"]
-            before = kube.get("apps/v1", "StatefulSet", meta["namespace"], meta["name"])
-            if before is not None and replicas_managers(before) <= {labels.FIELD_MANAGER}:
-                # Autoscaling was just switched on: keep today's count by giving it to the autoscaler first.
-                current = int(before.get("spec", {}).get("replicas", 1))
-                kube.apply(replicas_document(manifest, current), labels.AUTOSCALER_FIELD_MANAGER)
-        stored = kube.apply(manifest, labels.FIELD_MANAGER)
-        if role is not None and not replicas_managers(stored) - {labels.FIELD_MANAGER}:
-            # A new StatefulSet: nobody owns replicas yet, so seed the starting count for the autoscaler.
-            seed = replicas_document(manifest, pool.spec.pool(role).initial_replicas())
-            stored = kube.apply(seed, labels.AUTOSCALER_FIELD_MANAGER)
-        report.stored[key(manifest)] = stored
-        stamp = applied_at(stored)
-        if stamps.get(_cache_key(manifest)) != stamp:
-            report.changed.append(f"{manifest['kind']}/{manifest['metadata']['name']}")
-            stamps[_cache_key(manifest)] = stamp
+    waves = [
+        [m for m in children if m["kind"] not in (*WORKLOAD_KINDS, "RoleBinding")],
+        [m for m in children if m["kind"] == "RoleBinding"],
+        [m for m in children if m["kind"] in WORKLOAD_KINDS],
+    ]
+    with ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="apply") as executor:
+        for wave in waves:
+            for manifest, stored in zip(
+                wave, executor.map(lambda m: apply_one(kube, pool, m), wave), strict=True
+            ):
+                report.stored[key(manifest)] = stored
+                stamp = applied_at(stored)
+                if stamps.get(_cache_key(manifest)) != stamp:
+                    report.changed.append(f"{manifest['kind']}/{manifest['metadata']['name']}")
+                    stamps[_cache_key(manifest)] = stamp
     return report

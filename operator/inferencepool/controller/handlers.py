@@ -28,6 +28,7 @@ from inferencepool.controller.apply import apply_children
 from inferencepool.controller.kube import Kube, KubeError
 from inferencepool.controller.references import find_missing
 from inferencepool.controller.status import (
+    MissingReference,
     Observed,
     ReconcileOutcome,
     WorkloadKey,
@@ -50,15 +51,26 @@ class OperatorState:
     kube: Kube
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
     outcomes: dict[PoolKey, ReconcileOutcome] = field(default_factory=dict)
-    apply_stamps: dict[str, str] = field(default_factory=dict)
+    announced_missing: dict[PoolKey, tuple[MissingReference, ...]] = field(default_factory=dict)
+    apply_stamps: dict[PoolKey, dict[str, str]] = field(default_factory=dict)
     locks: dict[PoolKey, asyncio.Lock] = field(default_factory=dict)
     reconciles: int = 0  # reconciles finished, for tests and the benchmark
+    # uids of pools that are gone: late events about them (and their children) must not write anything.
+    gone: set[str] = field(default_factory=set)
     # A reference that does not resolve is looked up again this often (the user may create it any time).
     retry_missing_seconds: float = 30.0
     retry_apply_seconds: float = 15.0
 
     def lock(self, key: PoolKey) -> asyncio.Lock:
         return self.locks.setdefault(key, asyncio.Lock())
+
+    def forget(self, key: PoolKey, uid: str) -> None:
+        """A pool was deleted: drop what is kept about it, and ignore anything still in flight for it."""
+        self.outcomes.pop(key, None)
+        self.announced_missing.pop(key, None)
+        self.locks.pop(key, None)
+        self.apply_stamps.pop(key, None)
+        self.gone.add(uid)
 
 
 def pool_object_ref(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -121,6 +133,8 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
     ) -> None:
         meta = body["metadata"]
         key: PoolKey = (meta["namespace"], meta["name"])
+        if meta.get("uid") in state.gone:
+            return
         try:
             pool = InferencePool.model_validate(dict(body))
         except ValidationError:
@@ -138,9 +152,16 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
             document = operator_status_document(pool, status)
             if not status_differs(body.get("status"), document):
                 return
+            # metadata.uid makes the write conditional: it fails rather than land on a new pool of that name.
             manifest = {**pool_object_ref(body), "status": document}
-            manifest["metadata"].pop("uid")
-            await asyncio.to_thread(state.kube.apply_status, manifest, labels.FIELD_MANAGER)
+            try:
+                await asyncio.to_thread(state.kube.apply_status, manifest, labels.FIELD_MANAGER)
+            except KubeError as error:
+                if error.status in (404, 409):
+                    logger.info("pool %s/%s is gone; status not written", *key)
+                    state.gone.add(str(meta.get("uid")))
+                    return
+                raise
         was_ready = previous.condition(CONDITION_READY) if previous is not None else None
         now_ready = status.condition(CONDITION_READY)
         if now_ready is not None and (was_ready is None or was_ready.status != now_ready.status):
@@ -168,10 +189,19 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
             state.outcomes[key] = ReconcileOutcome(generation, apply_error=message)
             post_event(body, "Warning", "InvalidSpec", message)
             raise kopf.PermanentError(message) from error
+        # kopf may still work through an event queued before the pool was deleted; applying would re-create
+        # children for an owner that no longer exists.
+        live = await asyncio.to_thread(state.kube.get, API_VERSION, labels.KIND, key[0], key[1])
+        if live is None or live["metadata"].get("uid") != meta.get("uid"):
+            logger.info("pool %s/%s is gone; nothing to apply", *key)
+            state.gone.add(str(meta.get("uid")))
+            return
         children: list[Manifest] = pool_children(pool)
         missing = await asyncio.to_thread(find_missing, state.kube, pool)
         try:
-            report = await asyncio.to_thread(apply_children, state.kube, pool, children, state.apply_stamps)
+            report = await asyncio.to_thread(
+                apply_children, state.kube, pool, children, state.apply_stamps.setdefault(key, {})
+            )
         except KubeError as error:
             message = f"applying children failed: {error}"
             state.outcomes[key] = ReconcileOutcome(generation, missing, apply_error=message)
@@ -185,7 +215,10 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
             post_event(body, "Normal", "Created", f"created {len(children)} children")
         elif report.changed and reason in ("update", "repair"):
             post_event(body, "Normal", "Applied", f"generation {generation}: {', '.join(report.changed)}")
-        if missing and (previous_outcome is None or previous_outcome.missing != missing):
+        if not missing:
+            state.announced_missing.pop(key, None)
+        elif state.announced_missing.get(key) != missing:
+            state.announced_missing[key] = missing
             for reference in missing:
                 kind = "MissingSecret" if reference.kind == "Secret" else "MissingPersistentVolumeClaim"
                 post_event(body, "Warning", kind, reference.describe())
@@ -222,7 +255,11 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
             return
         pool_store = pool_bodies.get((namespace, pool_name))
         body = next(iter(pool_store), None) if pool_store is not None else None
-        if body is None or body["metadata"].get("deletionTimestamp"):
+        if (
+            body is None
+            or body["metadata"].get("deletionTimestamp")
+            or body["metadata"].get("uid") in state.gone
+        ):
             return  # the pool is gone or going: garbage collection is removing its children
         states = {**dict(statefulset_states), **dict(deployment_states)}
         if event.get("type") == "DELETED":
@@ -242,6 +279,11 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
                 return
         await refresh_status(body, observed_from(states, namespace, pool_name), logger)
 
+    @kopf.on.event(group, version, plural, id="forget", registry=registry)
+    def pool_event(event: kopf.RawEvent, namespace: str | None, name: str, uid: str, **_: Any) -> None:
+        if event.get("type") == "DELETED":
+            state.forget((namespace or "", name), uid)
+
     @kopf.on.event("apps", "v1", "statefulsets", labels=CHILD_FILTER, id="workload", registry=registry)
     @kopf.on.event("apps", "v1", "deployments", labels=CHILD_FILTER, id="workload", registry=registry)
     async def workload_changed(
@@ -251,4 +293,4 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         await child_changed(event, namespace or "", body, logger, *indices)
 
     # Keep references so linters see the handlers as used (kopf holds them through the registry).
-    _ = (pool_bodies, statefulset_states, deployment_states, pool_changed, workload_changed)
+    _ = (pool_bodies, statefulset_states, deployment_states, pool_changed, pool_event, workload_changed)
