@@ -228,3 +228,14 @@ async def test_sigterm_drains_in_flight_streams_then_exits() -> None:
             if router.returncode is None:
                 os.kill(router.pid, signal.SIGKILL)
                 await router.wait()
+
+
+async def test_unimplemented_lmcache_pd_transfer_is_served_colocated_and_counted() -> None:
+    async with engines(["prefill", "decode"]) as (prefill, decode):
+        config = config_for([prefill], [decode], policy="AlwaysDisaggregate", transferMode="LMCachePD")
+        async with running_router(config) as router:
+            status, _, headers = await complete(router.url, LONG_PROMPT)
+            assert status == 200 and headers["X-Inferencepool-Route"] == "fallback"
+            assert (await engine_requests(prefill), await engine_requests(decode)) == (0, 1)
+            reason = "transfer_mode_unsupported"
+            assert await metric_sum(router.url, "inferencepool_router_fallbacks", reason=reason) == 1

@@ -111,11 +111,11 @@ async def _main(config: RouterConfig, host: str, port: int) -> int:
     from inferencepool.router.server import Router, counter_for, serve
 
     if config.transfer_mode != "Nixl":
-        print(
-            f"transferMode {config.transfer_mode} is not supported by this router yet; use Nixl",
-            file=sys.stderr,
+        logging.getLogger("inferencepool.router").error(
+            "transferMode %s is not implemented by this router: every request is served colocated on decode "
+            'pods (counted in inferencepool_router_fallbacks_total{reason="transfer_mode_unsupported"})',
+            config.transfer_mode,
         )
-        return 2
     router = Router(config, counter_for(config))
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

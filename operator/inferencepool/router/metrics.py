@@ -171,5 +171,5 @@ class RouterMetrics:
         self.requests_by_route = {route: self.requests.labels(route.value) for route in Route}
         self.ttft_by_route = {route: self.ttft.labels(route.value) for route in Route}
         self.itl_by_route = {route: self.itl.labels(route.value) for route in Route}
-        for reason in ("no_prefill_pod", "prefill_failed"):
+        for reason in ("no_prefill_pod", "prefill_failed", "transfer_mode_unsupported"):
             self.fallbacks.labels(reason)

@@ -97,6 +97,9 @@ class Router:
         self._prefill_samples = SampleWindow()
         self._itl_samples = SampleWindow()
         self._adaptive = config.adaptive_threshold.enabled and config.policy == "LengthAware"
+        # LMCache PD mode (disagg_spec + ZMQ notifications) is not implemented yet: such pools are served
+        # colocated, every request counted as a fallback, rather than not served at all.
+        self._can_transfer = config.transfer_mode == "Nixl"
         self._calibration_candidate: tuple[Endpoint, dict[str, Any], Prompt] | None = None
         tuning = config.prefix_affinity
         self._affinity_tokens = tuning.block_tokens * tuning.blocks
@@ -252,6 +255,9 @@ class Router:
         route = choose_route(self.config.policy, tokens, self.threshold, self.pods.has_available("prefill"))
         if route is Route.FALLBACK:
             self.metrics.fallbacks.labels("no_prefill_pod").inc()
+        elif route is Route.DISAGGREGATED and not self._can_transfer:
+            route = Route.FALLBACK
+            self.metrics.fallbacks.labels("transfer_mode_unsupported").inc()
         affinity = (
             self.counter.affinity_key(prompt, self._affinity_tokens)
             if self.config.prefix_affinity.enabled
@@ -281,7 +287,8 @@ class Router:
             return await self._relay(request, leg, route, prompt.stream, started)
         finally:
             leg.pod.outstanding -= 1
-            leg.response.close()
+            # Back to the pool when the body was read to its end, else closed (so the engine aborts).
+            leg.response.release()
 
     async def _prefill(
         self, path: str, body: dict[str, Any], headers: dict[str, str], affinity: int | None
