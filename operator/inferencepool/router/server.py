@@ -100,6 +100,7 @@ class Router:
         # LMCache PD mode (disagg_spec + ZMQ notifications) is not implemented yet: such pools are served
         # colocated, every request counted as a fallback, rather than not served at all.
         self._can_transfer = config.transfer_mode == "Nixl"
+        self._calibrating = isinstance(counter, EstimateCounter)
         self._calibration_candidate: tuple[Endpoint, dict[str, Any], Prompt] | None = None
         tuning = config.prefix_affinity
         self._affinity_tokens = tuning.block_tokens * tuning.blocks
@@ -141,7 +142,7 @@ class Router:
         )
         if self._adaptive:
             self._tasks.append(asyncio.create_task(self._adapt_threshold()))
-        if isinstance(self.counter, EstimateCounter):
+        if self._calibrating:
             self._tasks.append(asyncio.create_task(self._calibrate()))
 
     async def _stop(self, _app: web.Application) -> None:
@@ -235,6 +236,7 @@ class Router:
                 self._idle.set()
 
     async def _generate(self, request: web.Request, endpoint: Endpoint, path: str) -> web.StreamResponse:
+        started = time.monotonic()
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge as error:
@@ -250,7 +252,7 @@ class Router:
         prompt = read_prompt(body, endpoint, self.config.served_model_name)
         tokens = self.counter.count(prompt)
         self.metrics.prompt_tokens.observe(tokens)
-        if self._calibration_candidate is None and prompt.texts:
+        if self._calibrating and self._calibration_candidate is None and prompt.texts:
             self._calibration_candidate = (endpoint, body, prompt)
         route = choose_route(self.config.policy, tokens, self.threshold, self.pods.has_available("prefill"))
         if route is Route.FALLBACK:
@@ -267,7 +269,6 @@ class Router:
         headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
         if "Authorization" in request.headers:
             headers["Authorization"] = request.headers["Authorization"]
-        started = time.monotonic()
 
         decode_payload: bytes = raw
         decode_affinity = affinity
