@@ -1,8 +1,9 @@
-"""The router's HTTP shell (aiohttp server and client): glue between clients, the pure policy and engine pods.
+"""The router's HTTP shell: glue between clients, the pure policy and engine pods.
 
-Hot-path choices, measured with `inferencepool bench router`: one shared aiohttp ClientSession with unlimited
-keep-alive connections, the client's body forwarded byte for byte when the route is direct (no re-encoding),
-metric children bound once, live gauges computed at scrape time, no per-request logging.
+Hot-path choices, measured with `inferencepool bench router`: aiohttp serves clients (on uvloop), calls to
+engines go through pyreqwest (upstream.py) with pooled keep-alive connections; the client's body is forwarded
+byte for byte when the route is direct (no re-encoding); metric children are bound once, live gauges computed
+at scrape time; no per-request logging.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from yarl import URL
 
 from inferencepool.router import handshake
 from inferencepool.router.config import RouterConfig
@@ -29,15 +29,16 @@ from inferencepool.router.policy import Route, choose_route
 from inferencepool.router.prompt import BadRequest, Endpoint, Prompt, read_prompt
 from inferencepool.router.threshold import SampleWindow, next_threshold
 from inferencepool.router.tokens import EstimateCounter, HFTokenCounter, TokenCounter
+from inferencepool.router.upstream import Upstream, UpstreamFailure, UpstreamResponse
 
 log = logging.getLogger("inferencepool.router")
 
 ROUTE_HEADER = "X-Inferencepool-Route"
 SSE_DONE = b"data: [DONE]\n\n"
-# Errors on which nothing reached the engine's application (or nothing came back): safe to try another pod.
-_CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
-_DISCONNECT_ERRORS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+# A client that went away while the router wrote to it (aiohttp raises one or the other).
+_CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
 _CALIBRATION_FAST_SAMPLES = 50
+_SMALL_CALL_SECONDS = 10
 
 
 def error_body(message: str, error_type: str, status: int, param: str | None = None) -> bytes:
@@ -63,7 +64,7 @@ class UpstreamError(Exception):
 @dataclass(slots=True)
 class _Leg:
     pod: Pod
-    response: aiohttp.ClientResponse
+    response: UpstreamResponse
 
 
 class Router:
@@ -92,7 +93,7 @@ class Router:
         self.in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._session: aiohttp.ClientSession | None = None
+        self._upstream: Upstream | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._prefill_samples = SampleWindow()
         self._itl_samples = SampleWindow()
@@ -104,17 +105,6 @@ class Router:
         self._calibration_candidate: tuple[Endpoint, dict[str, Any], Prompt] | None = None
         tuning = config.prefix_affinity
         self._affinity_tokens = tuning.block_tokens * tuning.blocks
-        timeouts = config.timeouts
-        connect = timeouts.connect_milliseconds / 1000
-        self._prefill_timeout = aiohttp.ClientTimeout(total=timeouts.prefill_seconds, sock_connect=connect)
-        self._stream_timeout = aiohttp.ClientTimeout(
-            sock_connect=connect, sock_read=timeouts.idle_stream_seconds
-        )
-        self._unary_timeout = aiohttp.ClientTimeout(
-            sock_connect=connect, sock_read=timeouts.first_byte_seconds
-        )
-        self._small_timeout = aiohttp.ClientTimeout(total=10, sock_connect=connect)
-        self._urls: dict[tuple[str, str], URL] = {}
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
 
@@ -131,15 +121,8 @@ class Router:
         return app
 
     async def _start(self, _app: web.Application) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ttl_dns_cache=300)
-        # No cookies, no compression negotiation, no User-Agent: less work per upstream request.
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            auto_decompress=False,
-            read_bufsize=2**16,
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),
-        )
+        timeouts = self.config.timeouts
+        self._upstream = Upstream(timeouts.connect_milliseconds / 1000, timeouts.idle_stream_seconds)
         if self._adaptive:
             self._tasks.append(asyncio.create_task(self._adapt_threshold()))
         if self._calibrating:
@@ -149,8 +132,8 @@ class Router:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
+        if self._upstream is not None:
+            await self._upstream.close()
 
     def begin_drain(self) -> None:
         """Stop being ready; requests already accepted (and ones still arriving) are served."""
@@ -162,14 +145,6 @@ class Router:
         except TimeoutError:
             return False
         return True
-
-    def _url(self, base: str, path: str) -> URL:
-        # yarl parses a URL in microseconds, and the same few are used for every request.
-        key = (base, path)
-        url = self._urls.get(key)
-        if url is None:
-            url = self._urls[key] = URL(base + path)
-        return url
 
     # ---- small endpoints ---------------------------------------------------------------------------------
 
@@ -189,15 +164,15 @@ class Router:
         )
 
     async def _models(self, request: web.Request) -> web.Response:
-        assert self._session is not None
+        assert self._upstream is not None
         pod = self.pods.pick("decode", time.monotonic())
         if pod is not None:
             try:
-                async with self._session.get(pod.url + "/v1/models", timeout=self._small_timeout) as upstream:
-                    if upstream.status == 200:
-                        return web.Response(body=await upstream.read(), content_type="application/json")
-            except (aiohttp.ClientError, TimeoutError):
-                self.metrics.upstream_errors.labels(pod.name, pod.role, "connect").inc()
+                upstream = await self._upstream.get(pod.url + "/v1/models", _SMALL_CALL_SECONDS)
+                if upstream.status == 200:
+                    return web.Response(body=await upstream.body(), content_type="application/json")
+            except UpstreamFailure as failure:
+                self.metrics.upstream_errors.labels(pod.name, pod.role, failure.kind).inc()
         if self.config.served_model_name is None:
             return error_response("no engine pod answered /v1/models", "ServiceUnavailableError", 503)
         model = {"id": self.config.served_model_name, "object": "model", "owned_by": "inferencepool"}
@@ -282,14 +257,16 @@ class Router:
                 # The KV arrives from the prefill pod, so the decode pod's own prefix cache does not matter.
                 decode_affinity = None
         self.metrics.requests_by_route[route].inc()
-        timeout = self._stream_timeout if prompt.stream else self._unary_timeout
-        leg = await self._open("decode", path, decode_payload, headers, decode_affinity, timeout)
+        timeout = self.config.timeouts.first_byte_seconds
+        leg = await self._open(
+            "decode", path, decode_payload, headers, decode_affinity, prompt.stream, timeout
+        )
         try:
             return await self._relay(request, leg, route, prompt.stream, started)
         finally:
             leg.pod.outstanding -= 1
             # Back to the pool when the body was read to its end, else closed (so the engine aborts).
-            leg.response.release()
+            await leg.response.close()
 
     async def _prefill(
         self, path: str, body: dict[str, Any], headers: dict[str, str], affinity: int | None
@@ -299,7 +276,9 @@ class Router:
         payload = json.dumps(handshake.nixl_prefill_body(body), separators=(",", ":")).encode()
         started = time.monotonic()
         try:
-            leg = await self._open("prefill", path, payload, headers, affinity, self._prefill_timeout)
+            leg = await self._open(
+                "prefill", path, payload, headers, affinity, False, self.config.timeouts.prefill_seconds
+            )
         except UpstreamError as error:
             log.warning("prefill leg failed, serving colocated: %s", error)
             return None
@@ -308,15 +287,14 @@ class Router:
             if leg.response.status != 200:
                 self.metrics.upstream_errors.labels(pod.name, pod.role, "status").inc()
                 return None
-            answer = json.loads(await leg.response.read())
+            answer = json.loads(await leg.response.body())
             decode_body = handshake.nixl_decode_body(body, answer)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+        except (UpstreamFailure, ValueError) as error:
             log.warning("prefill leg on %s failed, serving colocated: %s", pod.name, error)
             self.metrics.upstream_errors.labels(pod.name, pod.role, "protocol").inc()
             return None
         finally:
             pod.outstanding -= 1
-            leg.response.release()
         elapsed = time.monotonic() - started
         self._prefill_samples.add(elapsed)
         self.metrics.prefill_leg.observe(elapsed)
@@ -329,13 +307,14 @@ class Router:
         payload: bytes,
         headers: dict[str, str],
         affinity: int | None,
-        timeout: aiohttp.ClientTimeout,
+        stream: bool,
+        timeout_seconds: int,
     ) -> _Leg:
         """Send a leg to a pod of `role`, trying others while connections fail before any response byte.
 
         On success the pod's outstanding count stays raised; the caller lowers it when the response is done.
         """
-        assert self._session is not None
+        assert self._upstream is not None
         tried: set[str] = set()
         last_problem = f"no {role} pod is ready"
         for attempt in range(self.config.max_attempts):
@@ -346,34 +325,31 @@ class Router:
                 self.metrics.retries.labels(role).inc()
             pod.outstanding += 1
             try:
-                response = await self._session.post(
-                    pod.url + path, data=payload, headers=headers, timeout=timeout
+                response = await self._upstream.post(
+                    pod.url + path, payload, headers, stream=stream, timeout_seconds=timeout_seconds
                 )
-            except _CONNECT_ERRORS as error:
+            except UpstreamFailure as failure:
                 pod.outstanding -= 1
-                pod.record_failure(time.monotonic())
-                self.metrics.upstream_errors.labels(pod.name, role, "connect").inc()
-                last_problem = f"{role} pod {pod.name} refused the connection ({error.__class__.__name__})"
+                self.metrics.upstream_errors.labels(pod.name, role, failure.kind).inc()
+                if failure.kind == "timeout":
+                    raise UpstreamError(f"{role} pod {pod.name} did not answer in time", 504) from failure
+                if failure.kind == "connect":
+                    pod.record_failure(time.monotonic())
+                # Nothing came back (refused, or the pod dropped the connection): nothing reached the client
+                # either, so another pod may serve it.
+                what = "refused the connection" if failure.kind == "connect" else "failed before answering"
+                last_problem = f"{role} pod {pod.name} {what} ({failure})"
                 tried.add(pod.name)
                 continue
-            except _DISCONNECT_ERRORS as error:
-                # The pod closed the connection before answering (it died, or a stale keep-alive): nothing
-                # reached the client, so another pod may serve it.
-                pod.outstanding -= 1
-                self.metrics.upstream_errors.labels(pod.name, role, "disconnect").inc()
-                last_problem = f"{role} pod {pod.name} dropped the connection ({error.__class__.__name__})"
-                tried.add(pod.name)
-                continue
-            except TimeoutError as error:
-                pod.outstanding -= 1
-                self.metrics.upstream_errors.labels(pod.name, role, "timeout").inc()
-                raise UpstreamError(f"{role} pod {pod.name} did not answer in time", 504) from error
             except BaseException:
                 pod.outstanding -= 1
                 raise
             if response.status >= 500:
-                detail = (await response.read())[:300].decode(errors="replace")
-                response.release()
+                try:
+                    detail = (await response.body())[:300].decode(errors="replace")
+                except UpstreamFailure as failure:
+                    detail = str(failure)
+                await response.close()
                 pod.outstanding -= 1
                 self.metrics.upstream_errors.labels(pod.name, role, "status").inc()
                 last_problem = f"{role} pod {pod.name} answered {response.status}: {detail}"
@@ -389,19 +365,24 @@ class Router:
     ) -> web.StreamResponse:
         upstream = leg.response
         if not stream or upstream.status != 200:
-            payload = await upstream.read()
+            try:
+                payload = await upstream.body()
+            except UpstreamFailure as failure:
+                self.metrics.upstream_errors.labels(leg.pod.name, leg.pod.role, failure.kind).inc()
+                status = 504 if failure.kind == "timeout" else 502
+                raise UpstreamError(f"decode pod {leg.pod.name} failed: {failure}", status) from failure
             return web.Response(
                 body=payload,
                 status=upstream.status,
                 headers={
-                    "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+                    "Content-Type": upstream.content_type or "application/json",
                     ROUTE_HEADER: route,
                 },
             )
         response = web.StreamResponse(
             status=200,
             headers={
-                "Content-Type": upstream.headers.get("Content-Type", "text/event-stream"),
+                "Content-Type": upstream.content_type or "text/event-stream",
                 "Cache-Control": "no-cache",
                 ROUTE_HEADER: route,
             },
@@ -412,7 +393,7 @@ class Router:
         previous = 0.0
         ended = False
         try:
-            async for chunk in upstream.content.iter_any():
+            while (chunk := await upstream.next_chunk()) is not None:
                 now = time.monotonic()
                 if previous:
                     gap = (now - previous) / (chunk.count(b"data:") or 1)
@@ -431,14 +412,14 @@ class Router:
                     ended = True
                 else:
                     await response.write(chunk)
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        except _CLIENT_GONE:
             # The client went away: dropping the upstream response (in the caller) aborts it on the engine.
             self.metrics.client_disconnects.inc()
             return response
-        except (aiohttp.ClientError, TimeoutError) as error:
+        except UpstreamFailure as failure:
             # Headers are out, so the status cannot change: end the stream with an SSE error event instead.
             self.metrics.upstream_errors.labels(leg.pod.name, leg.pod.role, "stream").inc()
-            message = f"decode pod {leg.pod.name} failed mid-stream: {error.__class__.__name__}"
+            message = f"decode pod {leg.pod.name} failed mid-stream: {failure}"
             await response.write(b"data: " + error_body(message, "BadGatewayError", 502) + b"\n\n")
         if not ended:
             await response.write_eof()
@@ -479,7 +460,7 @@ class Router:
     async def _calibrate_once(
         self, counter: EstimateCounter, endpoint: Endpoint, body: dict[str, Any], prompt: Prompt
     ) -> None:
-        assert self._session is not None
+        assert self._upstream is not None
         pod = self.pods.pick("decode", time.monotonic())
         if pod is None:
             return
@@ -494,13 +475,17 @@ class Router:
             query = {"model": body["model"], "prompt": prompt.texts[0]}
             allowance = 0
         try:
-            async with self._session.post(
-                pod.url + "/tokenize", json=query, timeout=self._small_timeout
-            ) as answer:
-                if answer.status != 200:
-                    return
-                count = (await answer.json()).get("count")
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+            answer = await self._upstream.post(
+                pod.url + "/tokenize",
+                json.dumps(query).encode(),
+                {"Content-Type": "application/json"},
+                stream=False,
+                timeout_seconds=_SMALL_CALL_SECONDS,
+            )
+            if answer.status != 200:
+                return
+            count = json.loads(await answer.body()).get("count")
+        except (UpstreamFailure, ValueError, AttributeError):
             return
         if isinstance(count, int):
             counter.observe(len(prompt.texts[0]), count - allowance)
