@@ -229,8 +229,18 @@ def run(args: argparse.Namespace) -> int:
         else:
             say("cleaning up")
             kubectl("delete", "-f", str(args.pool_file), "--wait=true", "--timeout=60s", check=False)
-            operator.terminate()
-            operator.wait(timeout=30)
+            stop_process(operator, grace_seconds=30.0)
             if not was_running:
                 controlplane.down(state_dir)
         operator_log.close()
+
+
+def stop_process(process: subprocess.Popen[bytes], grace_seconds: float) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within the grace period."""
+    process.terminate()
+    try:
+        process.wait(timeout=grace_seconds)
+    except subprocess.TimeoutExpired:
+        print(f"    pid {process.pid} ignored SIGTERM for {grace_seconds:.0f}s; killing it", flush=True)
+        process.kill()
+        process.wait()

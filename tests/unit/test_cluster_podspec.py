@@ -12,6 +12,7 @@ from inferencepool.cluster.podspec import PlanError, Probe
 
 PYTHON = "/venv/bin/python"
 KUBECONFIG = "/state/kubeconfig"
+VOLUMES = "/state/runner/pods/u-1/volumes"
 
 
 class FakeLookup:
@@ -52,7 +53,7 @@ def engine_pod(**container: Any) -> dict[str, Any]:
 
 def plan(pod: Mapping[str, Any], lookup: FakeLookup | None = None) -> podspec.PodPlan:
     return podspec.plan_pod(
-        pod, PYTHON, lookup or FakeLookup(), {"PATH": "/usr/bin", "SECRET": "x"}, KUBECONFIG
+        pod, PYTHON, lookup or FakeLookup(), {"PATH": "/usr/bin", "SECRET": "x"}, KUBECONFIG, VOLUMES
     )
 
 
@@ -248,3 +249,65 @@ def test_missing_port_everywhere_is_an_error() -> None:
     pod = engine_pod(args=["model"], ports=[])
     with pytest.raises(PlanError, match="no --port argument and no TCP containerPort"):
         plan(pod)
+
+
+def pod_with_volumes(volumes: list[dict[str, Any]], mounts: list[dict[str, Any]], **container: Any) -> dict:
+    pod = engine_pod(volumeMounts=mounts, **container)
+    pod["spec"]["volumes"] = volumes
+    return pod
+
+
+def test_config_map_volume_becomes_local_files_and_paths_under_its_mount_are_rewritten() -> None:
+    pod = pod_with_volumes(
+        [{"name": "lmcache", "configMap": {"name": "pool-lmcache"}}, {"name": "shm", "emptyDir": {}}],
+        [{"name": "lmcache", "mountPath": "/etc/lmcache"}, {"name": "shm", "mountPath": "/dev/shm"}],
+        env=[
+            {"name": "LMCACHE_CONFIG_FILE", "value": "/etc/lmcache/lmcache.yaml"},
+            {"name": "UNRELATED", "value": "/etc/lmcache-other/x"},
+        ],
+        args=["m", "--port", "8000", "--config", "/etc/lmcache/extra.yaml"],
+    )
+    lookup = FakeLookup(config_maps={"ns1/pool-lmcache": {"lmcache.yaml": "chunk_size: 256\n"}})
+    (container,) = plan(pod, lookup).containers
+    assert container.env["LMCACHE_CONFIG_FILE"] == f"{VOLUMES}/lmcache/lmcache.yaml"
+    assert container.env["UNRELATED"] == "/etc/lmcache-other/x"  # a prefix of the name is not a mount
+    assert f"{VOLUMES}/lmcache/extra.yaml" in container.argv
+    by_name = {v.name: v for v in container.volumes}
+    assert by_name["lmcache"].files == {"lmcache.yaml": "chunk_size: 256\n"}
+    assert by_name["lmcache"].local_dir == f"{VOLUMES}/lmcache"
+    assert by_name["shm"].files == {}
+
+
+def test_volume_items_sub_path_and_secrets() -> None:
+    pod = pod_with_volumes(
+        [
+            {"name": "cfg", "configMap": {"name": "c", "items": [{"key": "k", "path": "dir/file.yaml"}]}},
+            {"name": "token", "secret": {"secretName": "s"}},
+        ],
+        [
+            {"name": "cfg", "mountPath": "/etc/app/config.yaml", "subPath": "dir/file.yaml"},
+            {"name": "token", "mountPath": "/var/run/token/"},
+        ],
+        env=[{"name": "A", "value": "/etc/app/config.yaml"}, {"name": "T", "value": "/var/run/token/HF"}],
+    )
+    lookup = FakeLookup(config_maps={"ns1/c": {"k": "v", "other": "x"}}, secrets={"ns1/s": {"HF": "hf_x"}})
+    (container,) = plan(pod, lookup).containers
+    assert container.env["A"] == f"{VOLUMES}/cfg/dir/file.yaml"
+    assert container.env["T"] == f"{VOLUMES}/token/HF"
+    by_name = {v.name: v for v in container.volumes}
+    assert by_name["cfg"].files == {"dir/file.yaml": "v"}
+    assert by_name["token"].files == {"HF": "hf_x"}
+
+
+def test_missing_config_map_volume_names_it_unless_optional() -> None:
+    mounts = [{"name": "cfg", "mountPath": "/etc/cfg"}]
+    with pytest.raises(PlanError, match=r"volume 'cfg': ConfigMap ns1/absent not found"):
+        plan(pod_with_volumes([{"name": "cfg", "configMap": {"name": "absent"}}], mounts))
+    optional = [{"name": "cfg", "configMap": {"name": "absent", "optional": True}}]
+    (container,) = plan(pod_with_volumes(optional, mounts)).containers
+    assert container.volumes[0].files == {}
+
+
+def test_mount_without_a_volume_is_an_error() -> None:
+    with pytest.raises(PlanError, match=r"volumeMount 'ghost' has no volume"):
+        plan(pod_with_volumes([], [{"name": "ghost", "mountPath": "/x"}]))

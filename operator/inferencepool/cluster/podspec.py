@@ -4,8 +4,11 @@ A container runs locally when its image repository ends in `fake-engine` or `rou
 onto this package (`vllm ...` -> `python -m inferencepool fake-engine ...`, `inferencepool ...` ->
 `python -m inferencepool ...`), `--host` is rewritten to the pod IP (a 127.x address, so every pod can use the
 same port), and its environment is resolved the way a kubelet would (literal values with $(VAR) expansion,
-downward-API fields, ConfigMap and Secret keys, envFrom). Pods with no such container are simulated by kwok
-alone.
+downward-API fields, ConfigMap and Secret keys, envFrom). Volumes are materialised the way a kubelet mounts
+them, but under a per-pod local folder instead of the container's own filesystem (two pods may mount the same
+path): ConfigMap and Secret volumes become files, other volumes empty folders, and every argument or env
+value that names a path under a mountPath is rewritten to the local folder. Pods with no such container are
+simulated by kwok alone.
 """
 
 from __future__ import annotations
@@ -51,12 +54,22 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class VolumeFiles:
+    """A pod volume as local files: `files` maps paths relative to `local_dir` to their content."""
+
+    name: str
+    local_dir: str
+    files: Mapping[str, str]
+
+
+@dataclass(frozen=True)
 class ContainerPlan:
     name: str
     argv: tuple[str, ...]
     env: Mapping[str, str]
     port: int
     probe: Probe
+    volumes: tuple[VolumeFiles, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -259,6 +272,65 @@ def resolve_env(pod: Mapping[str, Any], container: Mapping[str, Any], lookup: Ob
     return env
 
 
+def _projected_files(
+    data: Mapping[str, str] | None, source: Mapping[str, Any], what: str, volume: str
+) -> dict[str, str] | None:
+    if data is None:
+        if source.get("optional", False):
+            return {}
+        raise PlanError(f"volume {volume!r}: {what} not found")
+    items = source.get("items")
+    if not items:
+        return dict(data)
+    files = {}
+    for item in items:
+        if item["key"] not in data:
+            raise PlanError(f"volume {volume!r}: {what} has no key {item['key']!r}")
+        files[item.get("path", item["key"])] = data[item["key"]]
+    return files
+
+
+def pod_volumes(pod: Mapping[str, Any], lookup: ObjectLookup, volume_root: str) -> dict[str, VolumeFiles]:
+    """Every volume of the pod as files under `volume_root/<volume name>` (empty for emptyDir, PVC, ...)."""
+    namespace = pod["metadata"]["namespace"]
+    volumes: dict[str, VolumeFiles] = {}
+    for volume in pod.get("spec", {}).get("volumes", []):
+        name = volume["name"]
+        files: dict[str, str] | None = {}
+        if "configMap" in volume:
+            source = volume["configMap"]
+            data = lookup.config_map(namespace, source.get("name", ""))
+            files = _projected_files(data, source, f"ConfigMap {namespace}/{source.get('name')}", name)
+        elif "secret" in volume:
+            source = volume["secret"]
+            data = lookup.secret(namespace, source.get("secretName", ""))
+            files = _projected_files(data, source, f"Secret {namespace}/{source.get('secretName')}", name)
+        volumes[name] = VolumeFiles(name, os.path.join(volume_root, name), files or {})
+    return volumes
+
+
+def mount_table(container: Mapping[str, Any], volumes: Mapping[str, VolumeFiles]) -> list[tuple[str, str]]:
+    """(mountPath, local path) pairs, longest mountPath first so nested mounts win."""
+    table = []
+    for mount in container.get("volumeMounts", []):
+        volume = volumes.get(mount["name"])
+        if volume is None:
+            raise PlanError(
+                f"container {container.get('name')!r}: volumeMount {mount['name']!r} has no volume"
+            )
+        local = os.path.join(volume.local_dir, mount["subPath"]) if mount.get("subPath") else volume.local_dir
+        table.append((mount["mountPath"].rstrip("/") or "/", local))
+    return sorted(table, key=lambda pair: len(pair[0]), reverse=True)
+
+
+def relocate(value: str, mounts: Sequence[tuple[str, str]]) -> str:
+    """A path under a mountPath, as seen inside the container, -> the same path in the local folder."""
+    for mount_path, local in mounts:
+        if value == mount_path or value.startswith(mount_path + "/"):
+            return local + value[len(mount_path) :]
+    return value
+
+
 def process_env(base: Mapping[str, str], pod_env: Mapping[str, str], kubeconfig: str) -> dict[str, str]:
     env = {key: base[key] for key in _PASSED_ENV if key in base}
     env["PYTHONUNBUFFERED"] = "1"
@@ -285,11 +357,13 @@ def plan_container(
     lookup: ObjectLookup,
     base_env: Mapping[str, str],
     kubeconfig: str,
+    volumes: Mapping[str, VolumeFiles],
 ) -> ContainerPlan:
     name = container.get("name", "")
     ip = pod["status"]["podIP"]
-    pod_env = resolve_env(pod, container, lookup)
-    argv = [expand_references(arg, pod_env) for arg in container_argv(container, kind)]
+    mounts = mount_table(container, volumes)
+    pod_env = {key: relocate(value, mounts) for key, value in resolve_env(pod, container, lookup).items()}
+    argv = [relocate(expand_references(arg, pod_env), mounts) for arg in container_argv(container, kind)]
     local = with_flag(local_command(argv, python, name), "--host", ip)
     declared = _flag_value(local, "--port")
     if declared is not None:
@@ -308,22 +382,34 @@ def plan_container(
         env=process_env(base_env, pod_env, kubeconfig),
         port=port,
         probe=readiness_probe(container, port),
+        volumes=tuple(volumes[m["name"]] for m in container.get("volumeMounts", [])),
     )
 
 
 def plan_pod(
-    pod: Mapping[str, Any], python: str, lookup: ObjectLookup, base_env: Mapping[str, str], kubeconfig: str
+    pod: Mapping[str, Any],
+    python: str,
+    lookup: ObjectLookup,
+    base_env: Mapping[str, str],
+    kubeconfig: str,
+    volume_root: str,
 ) -> PodPlan:
-    """The processes a Running pod with an IP needs; `containers` is empty for a pod kwok alone simulates."""
+    """The processes a Running pod with an IP needs; `containers` is empty for a pod kwok alone simulates.
+
+    `volume_root` is the pod's own local folder for its volumes (see the module docstring).
+    """
     metadata, spec, status = pod["metadata"], pod.get("spec", {}), pod.get("status", {})
     ip = status.get("podIP")
     if not ip:
         raise PlanError(f"pod {metadata['namespace']}/{metadata['name']} has no pod IP yet")
+    volumes = pod_volumes(pod, lookup, volume_root)
     containers = []
     for container in spec.get("containers", []):
         kind = local_image_kind(container.get("image", ""))
         if kind is not None:
-            containers.append(plan_container(pod, container, kind, python, lookup, base_env, kubeconfig))
+            containers.append(
+                plan_container(pod, container, kind, python, lookup, base_env, kubeconfig, volumes)
+            )
     grace = spec.get("terminationGracePeriodSeconds")
     return PodPlan(
         namespace=metadata["namespace"],

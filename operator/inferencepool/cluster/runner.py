@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import signal
 import socket
 import sys
@@ -27,7 +28,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from typing import Any
 from inferencepool.api.labels import ANNOTATION_PROCESS_READY
 from inferencepool.cluster import podspec, procs
 from inferencepool.cluster.components import Layout
-from inferencepool.cluster.podspec import ContainerPlan, PlanError, PodPlan, Probe
+from inferencepool.cluster.podspec import ContainerPlan, PlanError, PodPlan, Probe, VolumeFiles
 
 log = logging.getLogger("inferencepool.cluster.runner")
 
@@ -94,6 +95,17 @@ class ApiLookup:
 
     def secret(self, namespace: str, name: str) -> Mapping[str, str] | None:
         return self._read("Secret", namespace, name)
+
+
+def write_volumes(volumes: Iterable[VolumeFiles]) -> None:
+    """Write each volume's files (fresh on every start, as a kubelet refreshes ConfigMap volumes)."""
+    for volume in volumes:
+        root = Path(volume.local_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        for relative, content in volume.files.items():
+            target = root / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            procs.write_atomically(target, content)
 
 
 def probe_passes(ip: str, probe: Probe, timeout: float = 0.5) -> bool:
@@ -181,6 +193,13 @@ class PodRunner:
     def _record_path(self, uid: str) -> Path:
         return self.pods_dir / f"{uid}.json"
 
+    def _volume_root(self, uid: str) -> Path:
+        return self.pods_dir / uid / "volumes"
+
+    def _forget(self, uid: str) -> None:
+        self._forget(uid)
+        shutil.rmtree(self.pods_dir / uid, ignore_errors=True)
+
     def _save(self, managed: ManagedPod) -> None:
         plan = managed.plan
         data = {
@@ -216,6 +235,7 @@ class PodRunner:
             handle.write(
                 f"--- {_now_rfc3339()} pod {plan.key} uid {plan.uid}: {' '.join(running.plan.argv)}\n"
             )
+        write_volumes(running.plan.volumes)
         running.record = procs.spawn(running.plan.argv, log_path, env=running.plan.env)
         running.restart_at = None
         self._save(managed)
@@ -310,7 +330,7 @@ class PodRunner:
             leftovers = [r for r in self._saved_records(uid).values() if procs.is_alive(r)]
             if leftovers:
                 procs.terminate(leftovers, podspec.DEFAULT_GRACE_SECONDS if grace is None else int(grace))
-            self._record_path(uid).unlink(missing_ok=True)
+            self._forget(uid)
             if annotated:
                 self._annotate(pod, None)
             return
@@ -324,7 +344,12 @@ class PodRunner:
             return
         try:
             plan = podspec.plan_pod(
-                pod, self.python, ApiLookup(self.api), self.base_env, str(self.layout.kubeconfig)
+                pod,
+                self.python,
+                ApiLookup(self.api),
+                self.base_env,
+                str(self.layout.kubeconfig),
+                str(self._volume_root(uid)),
             )
         except PlanError as error:
             self.retry_at[uid] = time.monotonic() + PLAN_RETRY_SECONDS
@@ -359,7 +384,7 @@ class PodRunner:
                         procs.signal_group(record, signal.SIGKILL)
                 return
             del self.managed[uid]
-            self._record_path(uid).unlink(missing_ok=True)
+            self._forget(uid)
             log.info("stopped %s", managed.plan.key)
             if pod is not None:
                 self._annotate(pod, None)
@@ -402,7 +427,7 @@ class PodRunner:
         records = [record for managed in self.managed.values() for record in managed.records()]
         procs.terminate(records, timeout)
         for uid in list(self.managed):
-            self._record_path(uid).unlink(missing_ok=True)
+            self._forget(uid)
         self.managed.clear()
 
 
