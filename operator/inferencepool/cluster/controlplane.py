@@ -15,6 +15,7 @@ import shutil
 import socket
 import ssl
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -26,7 +27,6 @@ from typing import Any
 
 from inferencepool.cluster import build, components, pki, procs, stages
 from inferencepool.cluster.components import COMPONENTS, ClusterConfig, Layout
-from inferencepool.cluster.paths import cache_root
 
 Progress = Callable[[str], None]
 POD_OCTETS = range(20, 255)
@@ -87,7 +87,8 @@ def running_components(layout: Layout) -> dict[str, bool]:
 
 # --- pod ranges: one 127.<octet>.0.0/16 per state directory, so two clusters never hand out the same pod IP
 def _leases_dir() -> Path:
-    return cache_root() / "pod-ranges"
+    # One place per machine, whatever cache directory each cluster uses: 127.0.0.0/8 is shared by all.
+    return Path(tempfile.gettempdir()) / "inferencepool-pod-ranges"
 
 
 def _lease_holder_running(holder: Path) -> bool:
