@@ -179,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
     say("starting the operator")
     operator_log = (state_dir / "demo-operator.log").open("w")
     operator = subprocess.Popen(
-        [sys.executable, "-m", "inferencepool", "operator"],
+        # Watching only the pool's namespace keeps the demo from touching pools another operator owns.
+        [sys.executable, "-m", "inferencepool", "operator", "--namespace", namespace],
         env={**os.environ, "KUBECONFIG": str(kubeconfig)},
         stdout=operator_log,
         stderr=subprocess.STDOUT,

@@ -1,0 +1,43 @@
+"""`inferencepool demo` end to end on the session's control plane: the README's first command, as a test."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+if TYPE_CHECKING:
+    from inferencepool.cluster.testing import TestCluster
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_demo_routes_short_prompts_direct_and_long_ones_through_prefill(
+    cluster: TestCluster, namespace: str, tmp_path: Path
+) -> None:
+    pool = yaml.safe_load((ROOT / "examples" / "demo-cpu.yaml").read_text())
+    pool["metadata"]["namespace"] = namespace
+    pool_file = tmp_path / "pool.yaml"
+    pool_file.write_text(yaml.safe_dump(pool))
+
+    demo = [sys.executable, "-m", "inferencepool", "demo", "--state-dir", str(cluster.state_dir)]
+    result = subprocess.run(
+        [*demo, "--pool-file", str(pool_file), "--timeout", "180"],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+        cwd=ROOT,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    short = next(line for line in output.splitlines() if "short prompt" in line)
+    long = next(line for line in output.splitlines() if "long prompt" in line)
+    assert "route=direct" in short, output
+    assert "route=disaggregated" in long, output
+    # The demo leaves a running cluster up, but removes its pool and stops its operator.
+    assert cluster.kubectl("get", "pdpool", "-n", namespace, "-o", "name").stdout.strip() == ""
+    assert cluster.kubectl("get", "--raw", "/readyz").returncode == 0
