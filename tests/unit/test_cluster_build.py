@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from inferencepool.api.labels import ANNOTATION_PROCESS_READY
-from inferencepool.cluster import build, components, pki, procs, stages
+from inferencepool.cluster import build, components, controlplane, pki, procs, stages
 from inferencepool.cluster.paths import gomod_dir
 
 
@@ -220,3 +221,21 @@ def test_pod_stages_never_overlap(
             assert matching == ["pod-ready-on-signal"]
         if annotation != "true" and ready == "True":
             assert matching == ["pod-unready-on-signal"]
+
+
+def test_pod_ranges_are_leased_one_per_running_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(controlplane, "_leases_dir", lambda: tmp_path / "leases")
+    first, second = components.Layout(tmp_path / "a"), components.Layout(tmp_path / "b")
+    octet = controlplane.claim_pod_octet(first, preferred=None)
+    # `first` counts as running while one of its recorded processes is alive (this test's own process).
+    me = procs.ProcessRecord(os.getpid(), procs.start_ticks(os.getpid()) or 0, ("pytest",))
+    procs.write_atomically(first.pid_file("etcd"), me.to_json())
+    assert controlplane.claim_pod_octet(second, preferred=None) != octet
+    with pytest.raises(controlplane.ClusterError, match=r"in use by the running cluster in .*/a"):
+        controlplane.claim_pod_octet(second, preferred=octet)
+    assert controlplane.claim_pod_octet(first, preferred=octet) == octet
+    # Once `first` stops, its range is free again.
+    first.pid_file("etcd").unlink()
+    assert controlplane.claim_pod_octet(second, preferred=octet) == octet
