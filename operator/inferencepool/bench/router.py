@@ -393,7 +393,7 @@ def plot(results: list[RunResult], path: Path) -> None:
     levels = sorted({r.concurrency for r in results})
     targets = list(dict.fromkeys(r.target for r in results))
     by_key = {(r.target, r.concurrency): r for r in results}
-    fig, axes = plt.subplots(1, len(levels) + 1, figsize=(5 * (len(levels) + 1), 4.5))
+    fig, axes = plt.subplots(1, len(levels) + 2, figsize=(5 * (len(levels) + 2), 4.5))
     for axis, level in zip(axes, levels, strict=False):
         p50 = [by_key[(t, level)].pct(50) if (t, level) in by_key else 0 for t in targets]
         p99 = [by_key[(t, level)].pct(99) if (t, level) in by_key else 0 for t in targets]
@@ -405,6 +405,20 @@ def plot(results: list[RunResult], path: Path) -> None:
         axis.set_title(f"TTFT at concurrency {level}")
         axis.legend()
     axis = axes[-1]
+    routers = [
+        t for t in targets if any(by_key[(t, lv)].cpu_ms_per_request for lv in levels if (t, lv) in by_key)
+    ]
+    width = 0.8 / len(levels)
+    for index, level in enumerate(levels):
+        cpu = [(by_key[(t, level)].cpu_ms_per_request or 0) if (t, level) in by_key else 0 for t in routers]
+        axis.bar(
+            [x + index * width for x in range(len(routers))], cpu, width=width, label=f"concurrency {level}"
+        )
+    axis.set_xticks(list(range(len(routers))), routers, rotation=40, ha="right", fontsize=8)
+    axis.set_ylabel("router CPU ms per request")
+    axis.set_title("Router CPU per request")
+    axis.legend()
+    axis = axes[-2]
     top = max(levels)
     rps = [by_key[(t, top)].rps if (t, top) in by_key else 0 for t in targets]
     axis.bar(range(len(targets)), rps, color="tab:green")

@@ -156,7 +156,9 @@ class Router:
             return web.json_response({"ready": False, "reason": "draining"}, status=503)
         if not self.pods.has_available("decode"):
             return web.json_response({"ready": False, "reason": "no decode pod is ready"}, status=503)
-        return web.json_response({"ready": True, "threshold": self.threshold})
+        return web.json_response(
+            {"ready": True, "threshold": self.threshold, "thresholdReason": self.threshold_reason}
+        )
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         return web.Response(
