@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tests.cluster.operator_fixtures import (
+    ROOT,
     admin_kube,
     crd_installed,
     create_pool,
     example,
     get_pool,
+    kubectl_ok,
     resource_versions,
     settled_versions,
 )
@@ -19,6 +21,9 @@ from inferencepool.api.v1alpha1 import InferencePool
 from inferencepool.builders import pool_children
 from inferencepool.controller.apply import apply_children, replicas_document, replicas_managers
 from inferencepool.controller.kube import Kube
+
+if TYPE_CHECKING:
+    from inferencepool.cluster.testing import TestCluster
 
 __all__ = ["admin_kube", "crd_installed"]  # fixtures used by name
 
@@ -126,3 +131,13 @@ def test_new_engine_image_changes_both_templates(
         sts = statefulset(admin_kube, namespace, role)
         assert sts["metadata"]["generation"] == generations[role] + 1
         assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == "vllm/vllm-openai:v0.34.0"
+
+
+def test_install_manifests_are_accepted_by_the_api_server(cluster: TestCluster, crd_installed: None) -> None:
+    deploy = ROOT / "deploy" / "operator"
+    kubectl_ok(cluster, "apply", "--server-side", "-f", str(deploy / "rbac.yaml"))
+    result = cluster.kubectl(
+        "apply", "--server-side", "--dry-run=server", "-f", str(deploy / "deployment.yaml")
+    )
+    assert result.returncode == 0, result.stderr
+    assert "inferencepool-operator" in result.stdout

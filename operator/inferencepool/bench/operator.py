@@ -74,7 +74,15 @@ class Results:
     rss_peak_mib: float = 0.0
     rss_per_pool_kib: float = 0.0
     rss_all_vs_idle_ratio: float = 0.0
+    cpu_one_pool_seconds: float = 0.0  # operator CPU for the baseline pools, per pool
+    cpu_per_pool_seconds: float = 0.0  # operator CPU during the batch, per pool
     timeline: list[tuple[float, int, float]] = field(default_factory=list)  # seconds, pools applied, RSS MiB
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc/<pid>/stat fields 14 and 15, in clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mib(pid: int) -> float:
@@ -166,14 +174,21 @@ class Bench:
             time.sleep(0.5)
 
     def many_pools(self, count: int, results: Results) -> None:
+        import threading
+
         from inferencepool.api import labels
         from inferencepool.api.v1alpha1 import API_VERSION
 
         names = [f"pool-{i:03d}" for i in range(count)]
         started = time.monotonic()
-        for name in names:
-            self.kube.create(bench_pool(name, self.namespace))
-        results.create_calls_seconds = time.monotonic() - started
+
+        def create_all() -> None:
+            for name in names:
+                self.kube.create(bench_pool(name, self.namespace))
+            results.create_calls_seconds = time.monotonic() - started
+
+        creator = threading.Thread(target=create_all, name="create-pools")
+        creator.start()
         done = 0
         while done < count:
             self.check_time(f"waiting for {count} pools ({done} applied)")
@@ -187,6 +202,7 @@ class Bench:
                 f"  {elapsed:6.1f}s  {done:4d}/{count} pools applied  operator RSS {rss:6.1f} MiB", flush=True
             )
         results.all_pools_seconds = time.monotonic() - started
+        creator.join()
         found = children_by_pool(self.kube, self.namespace)
         short = {
             name: found.get(name, 0) for name in names if found.get(name, 0) != results.children_per_pool
@@ -254,6 +270,7 @@ def run(args: argparse.Namespace) -> int:
         )
         results.rss_idle_mib = rss_mib(process.pid)
         bench = Bench(kube, namespace, process.pid, args.timeout)
+        cpu_before = cpu_seconds(process.pid)
         print(f"baseline: {args.samples} pools one at a time ({results.children_per_pool} children each)")
         for sample in range(args.samples):
             seconds = bench.one_pool(f"single-{sample}")
@@ -266,8 +283,12 @@ def run(args: argparse.Namespace) -> int:
             )
             bench.delete_pool(f"single-{sample}")
         results.single_pool_median_seconds = statistics.median(results.single_pool_seconds)
+        # includes the deletes and their garbage collection events
+        results.cpu_one_pool_seconds = (cpu_seconds(process.pid) - cpu_before) / args.samples
+        cpu_before = cpu_seconds(process.pid)
         print(f"{args.pools} pools created back to back:")
         bench.many_pools(args.pools, results)
+        results.cpu_per_pool_seconds = (cpu_seconds(process.pid) - cpu_before) / args.pools
         time.sleep(5)
         results.rss_all_pools_mib = rss_mib(process.pid)
         single = results.single_pool_median_seconds
@@ -297,6 +318,7 @@ def report(results: Results, out: Path) -> None:
     single = results.single_pool_median_seconds
     runs = ", ".join(f"{s * 1000:.0f}" for s in results.single_pool_seconds)
     amortized_ms = results.per_pool_amortized_seconds * 1000
+    busy = results.cpu_per_pool_seconds * results.pools / results.all_pools_seconds
     lines = [
         f"one pool, create -> all {results.children_per_pool} children applied: "
         f"median {single * 1000:.0f} ms "
@@ -308,6 +330,9 @@ def report(results: Results, out: Path) -> None:
         f"operator RSS: idle {results.rss_idle_mib:.1f} MiB, one pool {results.rss_one_pool_mib:.1f} MiB, "
         f"{results.pools} pools {results.rss_all_pools_mib:.1f} MiB (peak {results.rss_peak_mib:.1f}); "
         f"{results.rss_per_pool_kib:.0f} KiB per pool; {results.rss_all_vs_idle_ratio:.2f}x idle",
+        f"operator CPU: {results.cpu_per_pool_seconds * 1000:.0f} ms per pool in the batch "
+        f"({busy:.0%} of one core while it ran); "
+        f"{results.cpu_one_pool_seconds * 1000:.0f} ms per baseline pool (create + delete)",
     ]
     print("\n".join(lines))
     (out / "operator.json").write_text(json.dumps(asdict(results), indent=2))

@@ -13,7 +13,8 @@ autoscaler, because a field its last owner drops is reset by the API server to t
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -115,7 +116,11 @@ def apply_one(kube: Kube, pool: InferencePool, manifest: Manifest) -> dict[str, 
 
 
 def apply_children(
-    kube: Kube, pool: InferencePool, children: list[Manifest], stamps: dict[str, str], parallelism: int = 8
+    kube: Kube,
+    pool: InferencePool,
+    children: list[Manifest],
+    stamps: dict[str, str],
+    executor: Executor | None = None,
 ) -> ApplyReport:
     """Apply every child; raises KubeError on the first failure (the caller reports it).
 
@@ -133,7 +138,9 @@ def apply_children(
         [m for m in children if m["kind"] == "RoleBinding"],
         [m for m in children if m["kind"] in WORKLOAD_KINDS],
     ]
-    with ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="apply") as executor:
+    with ExitStack() as stack:
+        if executor is None:
+            executor = stack.enter_context(ThreadPoolExecutor(max_workers=8, thread_name_prefix="apply"))
         for wave in waves:
             for manifest, stored in zip(
                 wave, executor.map(lambda m: apply_one(kube, pool, m), wave), strict=True

@@ -14,6 +14,7 @@ import asyncio
 import copy
 import logging
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -42,6 +43,7 @@ CHILD_FILTER = {labels.LABEL_MANAGED_BY: labels.MANAGED_BY, labels.LABEL_PART_OF
 WORKLOAD_KEYS: tuple[WorkloadKey, ...] = ("prefill", "decode", "router", "lmcache-controller")
 
 PoolKey = tuple[str, str]  # namespace, name
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -49,12 +51,21 @@ class OperatorState:
     """What the operator keeps in memory; all of it can be rebuilt from the cluster after a restart."""
 
     kube: Kube
+    # One pool of threads for all applies (each apply is a blocking round trip); threads are reused, not
+    # started per reconcile.
+    appliers: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=16, thread_name_prefix="apply")
+    )
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
     outcomes: dict[PoolKey, ReconcileOutcome] = field(default_factory=dict)
     announced_missing: dict[PoolKey, tuple[MissingReference, ...]] = field(default_factory=dict)
     apply_stamps: dict[PoolKey, dict[str, str]] = field(default_factory=dict)
     locks: dict[PoolKey, asyncio.Lock] = field(default_factory=dict)
     reconciles: int = 0  # reconciles finished, for tests and the benchmark
+    # Workload events are coalesced per pool for this long before the status is recomputed and written.
+    status_delay_seconds: float = 0.5
+    pending_refresh: set[PoolKey] = field(default_factory=set)
+    background: set[asyncio.Task[None]] = field(default_factory=set)
     # uids of pools that are gone: late events about them (and their children) must not write anything.
     gone: set[str] = field(default_factory=set)
     # A reference that does not resolve is looked up again this often (the user may create it any time).
@@ -112,7 +123,9 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
     def pool_bodies(
         namespace: str | None, name: str, body: kopf.Body, **_: Any
     ) -> dict[PoolKey, dict[str, Any]]:
-        return {(namespace or "", name): copy.deepcopy(dict(body))}
+        snapshot = copy.deepcopy(dict(body))
+        snapshot["metadata"].pop("managedFields", None)  # the largest part, and nothing here reads it
+        return {(namespace or "", name): snapshot}
 
     def workload_index(namespace: str | None, body: kopf.Body) -> dict[Any, WorkloadState]:
         pool, role = body.metadata.labels.get(labels.LABEL_POOL), body.metadata.labels.get(labels.LABEL_ROLE)
@@ -200,7 +213,12 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         missing = await asyncio.to_thread(find_missing, state.kube, pool)
         try:
             report = await asyncio.to_thread(
-                apply_children, state.kube, pool, children, state.apply_stamps.setdefault(key, {})
+                apply_children,
+                state.kube,
+                pool,
+                children,
+                state.apply_stamps.setdefault(key, {}),
+                state.appliers,
             )
         except KubeError as error:
             message = f"applying children failed: {error}"
@@ -261,7 +279,6 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
             or body["metadata"].get("uid") in state.gone
         ):
             return  # the pool is gone or going: garbage collection is removing its children
-        states = {**dict(statefulset_states), **dict(deployment_states)}
         if event.get("type") == "DELETED":
             live = await asyncio.to_thread(state.kube.get, API_VERSION, labels.KIND, namespace, pool_name)
             if live is not None and not live["metadata"].get("deletionTimestamp"):
@@ -277,7 +294,38 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
                 except (kopf.TemporaryError, kopf.PermanentError) as error:
                     logger.warning("repair of %s incomplete: %s", pool_name, error)
                 return
-        await refresh_status(body, observed_from(states, namespace, pool_name), logger)
+        schedule_refresh((namespace, pool_name), pool_bodies, statefulset_states, deployment_states)
+
+    def schedule_refresh(
+        key: PoolKey,
+        pool_bodies: kopf.Index[PoolKey, dict[str, Any]],
+        statefulset_states: kopf.Index[Any, WorkloadState],
+        deployment_states: kopf.Index[Any, WorkloadState],
+    ) -> None:
+        """Refresh a pool's status shortly, once for a burst of workload events (a rollout of N pods sends
+        several per pod); the indices are live, so the refresh sees the state at the time it runs."""
+        if key in state.pending_refresh:
+            return
+        state.pending_refresh.add(key)
+
+        async def refresh_later() -> None:
+            await asyncio.sleep(state.status_delay_seconds)
+            state.pending_refresh.discard(key)  # events from now on need a refresh after this one
+            store = pool_bodies.get(key)
+            body = next(iter(store), None) if store is not None else None
+            if body is None or body["metadata"].get("uid") in state.gone:
+                return
+            states = {**dict(statefulset_states), **dict(deployment_states)}
+            await refresh_status(body, observed_from(states, *key), log)
+
+        task = asyncio.create_task(refresh_later(), name=f"status {key[0]}/{key[1]}")
+        state.background.add(task)
+        task.add_done_callback(finished)
+
+    def finished(task: asyncio.Task[None]) -> None:
+        state.background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("status refresh %s failed", task.get_name(), exc_info=task.exception())
 
     @kopf.on.event(group, version, plural, id="forget", registry=registry)
     def pool_event(event: kopf.RawEvent, namespace: str | None, name: str, uid: str, **_: Any) -> None:

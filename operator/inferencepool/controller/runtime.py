@@ -109,6 +109,7 @@ class Operator:
                 liveness_endpoint=liveness_endpoint,
             )
         finally:
+            self.state.appliers.shutdown(wait=False, cancel_futures=True)
             self.state.kube.close()
 
 
