@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -239,3 +240,40 @@ async def test_unimplemented_lmcache_pd_transfer_is_served_colocated_and_counted
             assert (await engine_requests(prefill), await engine_requests(decode)) == (0, 1)
             reason = "transfer_mode_unsupported"
             assert await metric_sum(router.url, "inferencepool_router_fallbacks", reason=reason) == 1
+
+
+@contextlib.asynccontextmanager
+async def silent_pod() -> AsyncIterator[str]:
+    """A pod that accepts connections and reads requests but never answers (a hung engine)."""
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while await reader.read(65536):
+                pass
+        writer.close()
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+
+
+async def test_hung_pods_time_out_prefill_falls_back_decode_gives_504() -> None:
+    async with engines(["decode"]) as (decode,), silent_pod() as hung:
+        config = config_for(
+            [], [decode], policy="AlwaysDisaggregate", timeouts={"prefillSeconds": 1, "firstByteSeconds": 1}
+        )
+        config = config.model_copy(update={"static": config.static.model_copy(update={"prefill": [hung]})})  # type: ignore[union-attr]
+        async with running_router(config) as router:
+            status, _, headers = await complete(router.url, LONG_PROMPT)
+            assert status == 200 and headers["X-Inferencepool-Route"] == "fallback"
+            errors = "inferencepool_router_upstream_errors"
+            assert await metric_sum(router.url, errors, role="prefill", kind="timeout") == 1
+
+    async with silent_pod() as hung:
+        config = config_for([], [], timeouts={"firstByteSeconds": 1})
+        config = config.model_copy(update={"static": config.static.model_copy(update={"decode": [hung]})})  # type: ignore[union-attr]
+        async with running_router(config) as router:
+            status, body, _ = await complete(router.url, SHORT_PROMPT)
+            assert status == 504 and "did not answer in time" in json.loads(body)["error"]["message"]

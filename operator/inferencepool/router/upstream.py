@@ -10,6 +10,7 @@ a connection dropped before any response may be retried on another pod; a timeou
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Literal
@@ -19,6 +20,7 @@ from pyreqwest.client import Client, ClientBuilder
 from pyreqwest.response import Response
 
 FailureKind = Literal["connect", "disconnect", "timeout", "protocol"]
+_TIMER_SLACK_SECONDS = 0.1
 
 
 class UpstreamFailure(Exception):
@@ -27,9 +29,15 @@ class UpstreamFailure(Exception):
         self.kind: FailureKind = kind
 
 
-def _failure(error: errors.PyreqwestError) -> UpstreamFailure:
+def _failure(
+    error: errors.PyreqwestError, waited: float = 0.0, other_timer: float = float("inf")
+) -> UpstreamFailure:
     kind: FailureKind
-    if isinstance(error, errors.ConnectError | errors.ConnectTimeoutError):
+    # pyreqwest reports any timeout before response headers as ConnectTimeoutError; only one that fired before
+    # the request's own timer could have is the connect timeout (the pod never accepted: safe to retry).
+    if isinstance(error, errors.ConnectError) or (
+        isinstance(error, errors.ConnectTimeoutError) and waited < other_timer - _TIMER_SLACK_SECONDS
+    ):
         kind = "connect"
     elif isinstance(error, errors.RequestTimeoutError):
         kind = "timeout"
@@ -96,12 +104,14 @@ class Upstream:
     their per-call limit (a non-streamed generation is silent until it is done)."""
 
     def __init__(self, connect_seconds: float, idle_stream_seconds: float) -> None:
+        self._idle_stream_seconds = idle_stream_seconds
         self._streams = _client(connect_seconds, idle_stream_seconds)
         self._whole = _client(connect_seconds, None)
 
     async def post(
         self, url: str, payload: bytes, headers: Mapping[str, str], *, stream: bool, timeout_seconds: float
     ) -> UpstreamResponse:
+        started = time.monotonic()
         try:
             if stream:
                 request = (
@@ -116,7 +126,8 @@ class Upstream:
             response = await builder.timeout(timedelta(seconds=timeout_seconds)).build().send()
             return UpstreamResponse(response, None)
         except errors.PyreqwestError as error:
-            raise _failure(error) from error
+            other_timer = self._idle_stream_seconds if stream else timeout_seconds
+            raise _failure(error, time.monotonic() - started, other_timer) from error
 
     async def get(self, url: str, timeout_seconds: float) -> UpstreamResponse:
         try:
