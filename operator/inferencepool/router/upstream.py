@@ -1,11 +1,11 @@
 """Calls from the router to engine pods, behind one small interface (the client can be swapped, measured).
 
 The client is pyreqwest (Rust reqwest/hyper under a Python API, its I/O on a Tokio thread). Measured against
-aiohttp's client on zero-compute fake engines, P/D mode at concurrency 32 on the 2-core dev machine: about 20%
-less router CPU per request, and in the whole router about 1.5x the requests per second at half the TTFT (the
-Tokio thread works beside the event loop). Streamed bodies are read with no read-ahead buffer, so each token
-is relayed when it arrives. Errors become one exception with a `kind` the router acts on: a refused connect or
-a connection dropped before any response may be retried on another pod; a timeout may not.
+aiohttp's client in the whole router (zero-compute fake engines, P/D mode, concurrency 32, 2-core machine,
+same run): about 1.5x the requests per second and half the TTFT p50, at the same CPU per request within noise
+(the Tokio thread works beside the event loop). Streamed bodies are read with no read-ahead buffer, so each
+token is relayed when it arrives. Errors become one exception with a `kind` the router acts on: a refused
+connect or a connection dropped before any response may be retried on another pod; a timeout may not.
 """
 
 from __future__ import annotations
