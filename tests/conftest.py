@@ -47,11 +47,15 @@ def cluster(
     from inferencepool.cluster import testing
 
     scratch = tmp_path_factory.mktemp("control-plane")
+    context = testing.session_cluster(scratch, _progress_printer(request.config))
+    failure = None
     try:
-        context = testing.session_cluster(scratch, _progress_printer(request.config))
         started = context.__enter__()
     except Exception as error:
-        pytest.fail(testing.describe_failure(error), pytrace=False)
+        failure = str(error)
+    if failure is not None:
+        # Outside the except block, so the report shows the message once, not a chain of tracebacks.
+        pytest.fail(failure, pytrace=False)
     try:
         yield started
     finally:

@@ -77,7 +77,16 @@ def session_cluster(scratch: Path, progress: build.Progress) -> Iterator[TestClu
     owned = not shared
     try:
         kubeconfig = controlplane.up(state_dir, nodes=TEST_NODES, progress=progress)
-        yield TestCluster(state_dir, kubeconfig, kubectl_binary(), owned)
+        binary = kubectl_binary()
+    except BaseException as error:
+        message = describe_failure(error)
+        if owned:
+            # Stopped, but the logs stay in pytest's temporary directory for a post-mortem.
+            controlplane.down(state_dir, progress=progress)
+            message += f"\n(logs kept in {state_dir / 'logs'})"
+        raise controlplane.ClusterError(message) from error
+    try:
+        yield TestCluster(state_dir, kubeconfig, binary, owned)
     finally:
         if owned:
             controlplane.down(state_dir, purge=True, progress=progress)
