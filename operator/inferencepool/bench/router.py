@@ -11,9 +11,11 @@ run on loopback: one prefill, one decode. Each target gets the same streamed com
 - vllm-router-rr : vllm-router --policy round_robin --worker-urls <decode>;
 - vllm-router-pd : vllm-router --vllm-pd-disaggregation --prefill <p> --decode <d> --policy round_robin.
 
-Added latency is a router's TTFT minus its baseline's at the same concurrency (p50 and p99). Router CPU per
-request is the router process's utime+stime delta (/proc/PID/stat, threads included) over the requests served.
-The load generator is one aiohttp client in this process; engines and routers are separate processes.
+All targets run side by side and each concurrency level is measured in rounds that visit them in turn, so
+drifts in machine load (a shared 2-core machine) hit all of them alike. Added latency is a router's TTFT minus
+its baseline's at the same concurrency (p50 and p99). Router CPU per request is the router process's
+utime+stime delta (/proc/PID/stat, threads included) over the requests it served. The load generator is one
+aiohttp client in this process; engines and routers are separate processes.
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ NIXL_PREFILL = {
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--requests", type=int, default=400, help="requests per run at concurrency 1")
-    parser.add_argument("--seconds", type=float, default=5.0, help="length of each run at concurrency > 1")
+    parser.add_argument("--requests", type=int, default=400, help="requests per target at concurrency 1")
+    parser.add_argument("--seconds", type=float, default=6.0, help="time per target at concurrency > 1")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds that visit every target in turn")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32], help="concurrency levels")
     parser.add_argument("--max-tokens", type=int, default=16, help="streamed tokens per request")
     parser.add_argument("--prompt-words", type=int, default=64, help="words per prompt")
@@ -210,31 +213,48 @@ async def one_request(session: Any, target: str, base: str, prefill: str, body: 
     return ttft
 
 
-async def measure(
-    target: str, base: str, prefill: str, concurrency: int, args: argparse.Namespace, router_pid: int | None
-) -> RunResult:
-    import aiohttp
+class LoadGenerator:
+    """One aiohttp client (in this process) driving any target; slices of a run add up in a RunResult."""
 
-    result = RunResult(target=target, concurrency=concurrency)
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
-        counter = iter(range(10**9))
+    def __init__(self, args: argparse.Namespace, prefill: str) -> None:
+        self.args = args
+        self.prefill = prefill
+        self._index = 0
 
-        def body() -> dict[str, Any]:
-            index = next(counter)
-            return {
-                "model": MODEL,
-                "prompt": make_prompt(args.prompt_words, index),
-                "max_tokens": args.max_tokens,
-                "stream": True,
-                "ignore_eos": True,
-            }
+    def body(self) -> dict[str, Any]:
+        self._index += 1
+        return {
+            "model": MODEL,
+            "prompt": make_prompt(self.args.prompt_words, self._index),
+            "max_tokens": self.args.max_tokens,
+            "stream": True,
+            "ignore_eos": True,
+        }
 
-        for _ in range(max(20, concurrency * 2)):  # warm connections and code paths
-            await one_request(session, target, base, prefill, body())
-        budget = args.requests if concurrency == 1 else None
-        deadline = time.perf_counter() + args.seconds
-        cpu_before = cpu_seconds(router_pid) if router_pid else None
+    async def warm(self, session: Any, target: Target, concurrency: int) -> None:
+        """Open connections and warm code paths so the first slice measures steady state."""
+
+        async def one() -> None:
+            for _ in range(2):
+                await one_request(session, target.kind, target.base, self.prefill, self.body())
+
+        await asyncio.gather(*(one() for _ in range(max(10, concurrency))))
+
+    async def slice(
+        self,
+        session: Any,
+        target: Target,
+        concurrency: int,
+        result: RunResult,
+        requests: int | None,
+        seconds: float,
+    ) -> None:
+        """Run `requests` requests (or for `seconds`) at `concurrency` and add them to `result`."""
+        import aiohttp
+
+        budget = requests
+        deadline = time.perf_counter() + seconds
+        cpu_before = cpu_seconds(target.pid) if target.pid else None
         started = time.perf_counter()
 
         async def worker() -> None:
@@ -247,16 +267,26 @@ async def measure(
                 elif time.perf_counter() >= deadline:
                     return
                 try:
-                    result.ttft_ms.append(await one_request(session, target, base, prefill, body()))
+                    body = self.body()
+                    result.ttft_ms.append(
+                        await one_request(session, target.kind, target.base, self.prefill, body)
+                    )
                     result.requests += 1
                 except (aiohttp.ClientError, RuntimeError, TimeoutError):
                     result.errors += 1
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        result.seconds = time.perf_counter() - started
-        if router_pid and cpu_before is not None:
-            result.cpu_seconds = cpu_seconds(router_pid) - cpu_before
-    return result
+        result.seconds += time.perf_counter() - started
+        if target.pid and cpu_before is not None:
+            result.cpu_seconds = (result.cpu_seconds or 0.0) + cpu_seconds(target.pid) - cpu_before
+
+
+@dataclass
+class Target:
+    label: str
+    kind: str  # one of TARGETS: decides how a request is sent
+    base: str
+    pid: int | None = None
 
 
 # ---- the run -----------------------------------------------------------------------------------------------
@@ -290,6 +320,10 @@ def vllm_router_cmd(target: str, port: int, prefill: str, decode: str) -> list[s
 
 
 async def bench(args: argparse.Namespace, out: Path) -> list[RunResult]:
+    """Every target runs side by side; each concurrency level is measured in rounds that visit the targets in
+    turn, so slow drifts in machine load (other processes on a shared machine) hit all of them alike."""
+    import aiohttp
+
     fleet = Fleet(out)
     results: list[RunResult] = []
     try:
@@ -301,43 +335,61 @@ async def bench(args: argparse.Namespace, out: Path) -> list[RunResult]:
         await wait_http(prefill + "/health")
         await wait_http(decode + "/health")
         print(f"fake engines up (profile zero): prefill {prefill}, decode {decode}", flush=True)
-        plan: list[tuple[str, str]] = []
-        for target in args.targets:
-            if target.startswith("router-"):
-                plan.extend((target, loop) for loop in args.event_loops)
-            else:
-                plan.append((target, ""))
-        for step, (target, loop) in enumerate(plan, 1):
-            label = f"{target}({loop})" if loop and len(args.event_loops) > 1 else target
-            proc = None
-            base = decode
-            if target.startswith(("router-", "vllm-router-")):
+        targets: list[Target] = []
+        for kind in args.targets:
+            loops = args.event_loops if kind.startswith("router-") else [""]
+            for loop in loops:
+                label = f"{kind}({loop})" if loop and len(args.event_loops) > 1 else kind
+                if not kind.startswith(("router-", "vllm-router-")):
+                    targets.append(Target(label, kind, decode))
+                    continue
                 port = free_port()
                 argv = (
-                    router_cmd(target, port, prefill, decode, loop)
-                    if target.startswith("router-")
-                    else vllm_router_cmd(target, port, prefill, decode)
+                    router_cmd(kind, port, prefill, decode, loop)
+                    if kind.startswith("router-")
+                    else vllm_router_cmd(kind, port, prefill, decode)
                 )
                 proc = fleet.start(label, argv)
-                base = f"http://127.0.0.1:{port}"
-                await wait_http(base + "/health", 90)
+                targets.append(Target(label, kind, f"http://127.0.0.1:{port}", proc.pid))
+        for target in targets:
+            if target.pid:
+                await wait_http(target.base + "/health", 90)
+        print(f"targets up: {', '.join(t.label for t in targets)}", flush=True)
+        generator = LoadGenerator(args, prefill)
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=60)
+        ) as session:
             for concurrency in args.concurrency:
-                print(
-                    f"[{step}/{len(plan)}] {label:<22} concurrency {concurrency:>3} ...", end=" ", flush=True
-                )
-                result = await measure(target, base, prefill, concurrency, args, proc.pid if proc else None)
-                result.target = label
-                results.append(result)
-                cpu = result.cpu_ms_per_request
-                print(
-                    f"{result.rps:8.1f} req/s  TTFT p50 {result.pct(50):7.2f} ms"
-                    f"  p99 {result.pct(99):7.2f} ms"
-                    + (f"  CPU {cpu:.3f} ms/req" if cpu is not None else "")
-                    + (f"  ({result.errors} errors)" if result.errors else ""),
-                    flush=True,
-                )
-            if proc is not None:
-                fleet.stop(proc)
+                level = {t.label: RunResult(target=t.label, concurrency=concurrency) for t in targets}
+                for target in targets:
+                    await generator.warm(session, target, concurrency)
+                requests = max(1, args.requests // args.rounds) if concurrency == 1 else None
+                for round_index in range(args.rounds):
+                    order = targets[round_index % len(targets) :] + targets[: round_index % len(targets)]
+                    for target in order:
+                        await generator.slice(
+                            session,
+                            target,
+                            concurrency,
+                            level[target.label],
+                            requests,
+                            args.seconds / args.rounds,
+                        )
+                    print(
+                        f"concurrency {concurrency}: round {round_index + 1}/{args.rounds} done", flush=True
+                    )
+                for target in targets:
+                    result = level[target.label]
+                    results.append(result)
+                    cpu = result.cpu_ms_per_request
+                    print(
+                        f"  {target.label:<22} c{concurrency:<3} {result.rps:8.1f} req/s"
+                        f"  TTFT p50 {result.pct(50):7.2f} ms  p99 {result.pct(99):7.2f} ms"
+                        + (f"  CPU {cpu:.3f} ms/req" if cpu is not None else "")
+                        + (f"  ({result.errors} errors)" if result.errors else ""),
+                        flush=True,
+                    )
     finally:
         fleet.stop_all()
     return results
