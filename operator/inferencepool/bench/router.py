@@ -313,7 +313,11 @@ def router_cmd(target: str, port: int, prefill: str, decode: str, loop: str) -> 
 
 def vllm_router_cmd(target: str, port: int, prefill: str, decode: str) -> list[str]:
     binary = shutil.which("vllm-router") or str(Path(sys.executable).with_name("vllm-router"))
-    common = ["--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin", "--log-level", "warning"]
+    # Each instance exports its own Prometheus port (a fixed default otherwise, so two would collide).
+    common = [
+        "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin", "--log-level", "warning",
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+    ]  # fmt: skip
     if target == "vllm-router-pd":
         return [binary, *common, "--vllm-pd-disaggregation", "--prefill", prefill, "--decode", decode]
     return [binary, *common, "--worker-urls", decode]
