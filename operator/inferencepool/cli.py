@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "crd": ("inferencepool.api.crd", "print the InferencePool CRD as YAML (or write it with --write)"),
-    "cluster": ("inferencepool.cluster.cli", "build, start, stop or inspect the local Kubernetes control plane"),
+    "cluster": ("inferencepool.cluster.cli", "build, start, stop or inspect the local control plane"),
     "operator": ("inferencepool.controller.cli", "run the operator against the current kubeconfig"),
     "router": ("inferencepool.router.cli", "run the prefill/decode router"),
     "fake-engine": ("inferencepool.engine_sim.cli", "run a CPU-only stand-in for a vLLM engine"),

@@ -1,7 +1,7 @@
 """`inferencepool bench NAME`: each benchmark measures its baseline in the same run and prints ratios.
 
-A benchmark module provides `configure(parser)` and `run(args) -> int`, like a top-level command, and keeps its
-top-level imports light (heavy ones go inside `run`).
+A benchmark module provides `configure(parser)` and `run(args) -> int`, like a top-level command, and keeps
+its top-level imports light (heavy ones go inside `run`).
 """
 
 from __future__ import annotations
