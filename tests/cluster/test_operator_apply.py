@@ -31,6 +31,13 @@ __all__ = ["admin_kube", "crd_installed"]  # fixtures used by name
 SIMULATED_ROUTER_IMAGE = "registry.invalid/router-simulated:0"
 
 
+def without_gpus(document: dict[str, Any]) -> None:
+    """These tests are about apply semantics; their pods should not hold the fake node's GPUs."""
+    for role in ("prefill", "decode"):
+        document["spec"][role]["gpusPerReplica"] = 0
+        document["spec"][role]["scheduling"] = {}
+
+
 def pool_model(kube: Kube, namespace: str, spec_changes: dict[str, Any] | None = None) -> InferencePool:
     stored = get_pool(kube, namespace, "llama-8b")
     assert stored is not None
@@ -50,6 +57,7 @@ def test_reapply_is_a_noop_and_autoscaler_keeps_replicas(
 ) -> None:
     document = example("llama-3.1-8b.yaml")
     document["spec"]["router"]["image"] = SIMULATED_ROUTER_IMAGE
+    without_gpus(document)
     create_pool(admin_kube, namespace, document)
     pool = pool_model(admin_kube, namespace)
     stamps: dict[str, str] = {}
@@ -83,6 +91,7 @@ def test_switching_autoscaling_off_and_on_hands_replicas_over_without_a_dip(
 ) -> None:
     document = example("llama-3.1-8b.yaml")
     document["spec"]["router"]["image"] = SIMULATED_ROUTER_IMAGE
+    without_gpus(document)
     create_pool(admin_kube, namespace, document)
     stamps: dict[str, str] = {}
     autoscaled = pool_model(admin_kube, namespace)
@@ -114,6 +123,7 @@ def test_new_engine_image_changes_both_templates(
 ) -> None:
     document = example("llama-3.1-8b.yaml")
     document["spec"]["router"]["image"] = SIMULATED_ROUTER_IMAGE
+    without_gpus(document)
     create_pool(admin_kube, namespace, document)
     stamps: dict[str, str] = {}
     pool = pool_model(admin_kube, namespace)

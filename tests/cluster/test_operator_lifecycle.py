@@ -112,6 +112,15 @@ def test_gpu_example_becomes_ready_is_idempotent_rolls_and_is_collected(
     namespace: str,
 ) -> None:
     install_references(cluster, namespace)
+    try:
+        run_gpu_example(cluster, operator_kubeconfig, admin_kube, namespace)
+    finally:
+        kubectl_ok(cluster, "delete", "pv", f"model-cache-{namespace}", "--wait=false")
+
+
+def run_gpu_example(
+    cluster: TestCluster, operator_kubeconfig: Path, admin_kube: Kube, namespace: str
+) -> None:
     with operator_in_thread(str(operator_kubeconfig), [namespace], retry_seconds=2.0) as state:
         kubectl_ok(cluster, "-n", namespace, "apply", "-f", str(EXAMPLES / "llama-3.1-8b.yaml"))
         pool = get_pool(admin_kube, namespace, "llama-8b")
@@ -200,17 +209,26 @@ def test_gpu_example_becomes_ready_is_idempotent_rolls_and_is_collected(
                 and status.get("updatedReplicas") == sts["spec"]["replicas"]
             )
 
-        eventually(lambda: rolled("prefill") and rolled("decode"), 120, "both pools rolled to the new image")
+        # A rolling update replaces pods one by one, each after its successor is Ready: minutes under load.
+        eventually(lambda: rolled("prefill") and rolled("decode"), 300, "both pools rolled to the new image")
         selector = f"{labels.LABEL_POOL}=llama-8b,{labels.LABEL_ROLE} in (prefill,decode)"
 
-        def engine_images() -> set[str]:
-            listing = kubectl_ok(cluster, "-n", namespace, "get", "pods", "-l", selector, "-o", "json")
-            pods = [p for p in json.loads(listing)["items"] if not p["metadata"].get("deletionTimestamp")]
-            return {p["spec"]["containers"][0]["image"] for p in pods} if len(pods) == 6 else set()
+        seen: list[dict[str, str]] = []
 
-        eventually(
-            lambda: engine_images() == {"vllm/vllm-openai:v0.34.0"}, 60, "6 engine pods on the new image"
-        )
+        def all_on_new_image() -> bool:
+            listing = kubectl_ok(cluster, "-n", namespace, "get", "pods", "-l", selector, "-o", "json")
+            pods = {
+                p["metadata"]["name"]: f"{p['spec']['containers'][0]['image']} {p['status'].get('phase')}"
+                + (" deleting" if p["metadata"].get("deletionTimestamp") else "")
+                for p in json.loads(listing)["items"]
+            }
+            seen[:] = [pods]
+            return len(pods) == 6 and all(v == "vllm/vllm-openai:v0.34.0 Running" for v in pods.values())
+
+        try:
+            eventually(all_on_new_image, 60, "6 engine pods on the new image")
+        except AssertionError as error:
+            raise AssertionError(f"{error}; pods: {seen}") from None
         eventually(
             lambda: (
                 (p := get_pool(admin_kube, namespace, "llama-8b")) is not None
