@@ -197,7 +197,7 @@ class PodRunner:
         return self.pods_dir / uid / "volumes"
 
     def _forget(self, uid: str) -> None:
-        self._forget(uid)
+        self._record_path(uid).unlink(missing_ok=True)
         shutil.rmtree(self.pods_dir / uid, ignore_errors=True)
 
     def _save(self, managed: ManagedPod) -> None:
