@@ -33,7 +33,7 @@ def test_crds_apply_server_side_and_are_served(cluster: TestCluster) -> None:
             and CRD_NAME in r.stdout
             and r.stdout
         ),
-        30,
+        60,
         "the InferencePool resource in discovery",
     )
     assert CRD_NAME in resources

@@ -78,7 +78,7 @@ def test_down_stops_every_process_it_started_including_pod_processes(
     )
     assert applied.returncode == 0, applied.stderr
     pod_records = Layout(state).runner / "pods"
-    eventually(lambda: list(pod_records.glob("*.json")), 60, "the router pod's process to start")
+    eventually(lambda: list(pod_records.glob("*.json")), 120, "the router pod's process to start")
     (record_file,) = pod_records.glob("*.json")
     pod_pid = json.loads(record_file.read_text())["containers"]["router"]["pid"]
     started = pids(state)

@@ -87,7 +87,7 @@ def test_router_pod_runs_at_its_pod_ip_and_stops_when_deleted(
     core.create_namespaced_pod(namespace, router_pod("router", STATIC_ROUTER_ARGS))
     pod = eventually(
         lambda: _is_ready(p := core.read_namespaced_pod("router", namespace)) and p,
-        60,
+        120,
         "the router pod to be Ready",
     )
     status, body = _get(f"http://{pod.status.pod_ip}:8080/health")
@@ -99,7 +99,7 @@ def test_router_pod_runs_at_its_pod_ip_and_stops_when_deleted(
     eventually(lambda: not _pid_exists(pid), 30, f"router process {pid} to stop after the pod was deleted")
     eventually(
         lambda: not [p for p in core.list_namespaced_pod(namespace).items if p.metadata.name == "router"],
-        30,
+        60,
         "the deleted pod to go away once its process exited",
     )
 
@@ -114,7 +114,7 @@ def test_pod_whose_process_cannot_start_never_turns_ready(kube_api_client: Any, 
         events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=broken").items
         return next((e for e in events if e.reason == "ProcessExited"), None)
 
-    event = eventually(exit_event, 60, "a ProcessExited event for the broken router")
+    event = eventually(exit_event, 120, "a ProcessExited event for the broken router")
     assert "router" in event.message
     pod = core.read_namespaced_pod("broken", namespace)
     assert pod.status.phase == "Running"
@@ -129,7 +129,7 @@ def test_dead_process_makes_the_pod_not_ready_until_restarted(
     core.create_namespaced_pod(namespace, router_pod("crashy", STATIC_ROUTER_ARGS))
     pod = eventually(
         lambda: _is_ready(p := core.read_namespaced_pod("crashy", namespace)) and p,
-        60,
+        120,
         "the router pod to be Ready",
     )
     first = _process_pid(cluster, pod.metadata.uid)
@@ -138,13 +138,13 @@ def test_dead_process_makes_the_pod_not_ready_until_restarted(
 
     not_ready = eventually(
         lambda: not _is_ready(p := core.read_namespaced_pod("crashy", namespace)) and p,
-        30,
+        60,
         "the pod to go NotReady after its process was killed",
     )
     assert _condition(not_ready, "Ready").reason == "ProcessExited"
     eventually(
         lambda: _is_ready(core.read_namespaced_pod("crashy", namespace)),
-        60,
+        120,
         "the runner to restart the process and the pod to be Ready again",
     )
     second = _process_pid(cluster, pod.metadata.uid)
@@ -159,7 +159,7 @@ def test_restarted_runner_adopts_running_processes(
     core.create_namespaced_pod(namespace, router_pod("survivor", STATIC_ROUTER_ARGS))
     pod = eventually(
         lambda: _is_ready(p := core.read_namespaced_pod("survivor", namespace)) and p,
-        60,
+        120,
         "the router pod to be Ready",
     )
     pid = _process_pid(cluster, pod.metadata.uid)
@@ -169,7 +169,7 @@ def test_restarted_runner_adopts_running_processes(
     runner = procs.read_record(layout.pid_file("pod-runner"))
     assert runner is not None
     os.kill(runner.pid, signal.SIGKILL)  # a crash: no chance to stop its processes
-    eventually(lambda: not procs.is_alive(runner), 10, "the pod runner to die")
+    eventually(lambda: not procs.is_alive(runner), 30, "the pod runner to die")
     assert _pid_exists(pid), "pod processes must outlive the runner"
 
     controlplane.up(cluster.state_dir, progress=lambda _message: None)
@@ -181,7 +181,7 @@ def test_restarted_runner_adopts_running_processes(
     assert _get(f"http://{pod.status.pod_ip}:8080/health")[0] == 200
 
     core.delete_namespaced_pod("survivor", namespace)
-    eventually(lambda: not _pid_exists(pid), 30, "the adopted process to stop when its pod is deleted")
+    eventually(lambda: not _pid_exists(pid), 60, "the adopted process to stop when its pod is deleted")
 
 
 def test_fake_engine_pod_answers_openai_requests_at_its_pod_ip(kube_api_client: Any, namespace: str) -> None:
@@ -216,7 +216,7 @@ def test_fake_engine_pod_answers_openai_requests_at_its_pod_ip(kube_api_client: 
     core.create_namespaced_pod(namespace, engine)
     pod = eventually(
         lambda: _is_ready(p := core.read_namespaced_pod("engine", namespace)) and p,
-        90,
+        180,
         "the fake-engine pod to be Ready",
     )
     base = f"http://{pod.status.pod_ip}:8000"

@@ -63,7 +63,7 @@ def test_statefulset_of_two_gets_two_ready_pods_with_loopback_ips(
         pods = core.list_namespaced_pod(namespace, label_selector="app=engines").items
         return pods if len(pods) == 2 and all(_ready(p) for p in pods) else None
 
-    pods = eventually(ready_pods, 60, "2 Ready pods of StatefulSet engines")
+    pods = eventually(ready_pods, 120, "2 Ready pods of StatefulSet engines")
     assert sorted(p.metadata.name for p in pods) == ["engines-0", "engines-1"]
     ips = {p.status.pod_ip for p in pods}
     assert len(ips) == 2
@@ -74,7 +74,7 @@ def test_statefulset_of_two_gets_two_ready_pods_with_loopback_ips(
         lambda: (
             (s := apps.read_namespaced_stateful_set("engines", namespace).status).ready_replicas == 2 and s
         ),
-        60,
+        120,
         "StatefulSet status readyReplicas=2",
     )
     assert status.replicas == 2
@@ -93,7 +93,7 @@ def test_gpu_capacity_is_enforced_by_the_scheduler(kube_api_client: Any, namespa
                     return str(condition.message)
         return None
 
-    message = eventually(unschedulable, 60, "the scheduler to refuse a 9-GPU pod")
+    message = eventually(unschedulable, 120, "the scheduler to refuse a 9-GPU pod")
     assert "nvidia.com/gpu" in message
 
 
@@ -109,7 +109,7 @@ def test_deleting_an_owner_garbage_collects_its_children(kube_api_client: Any, n
         lambda: [
             p for p in core.list_namespaced_pod(namespace, label_selector="app=owned").items if _ready(p)
         ],
-        60,
+        120,
         "the StatefulSet's pod to be Ready",
     )
 
@@ -118,11 +118,11 @@ def test_deleting_an_owner_garbage_collects_its_children(kube_api_client: Any, n
 
     eventually(
         lambda: "child" not in [cm.metadata.name for cm in core.list_namespaced_config_map(namespace).items],
-        60,
+        120,
         "the garbage collector to delete ConfigMap child",
     )
     eventually(
         lambda: not core.list_namespaced_pod(namespace, label_selector="app=owned").items,
-        60,
+        120,
         "the StatefulSet's pods to be garbage-collected and removed",
     )

@@ -164,7 +164,7 @@ def test_process_records_survive_their_starter_and_stop_by_group(tmp_path: Path)
         assert procs.read_record(_written(tmp_path / "rec.json", record)) == record
         # A record with the right PID but another start time is a different process.
         assert not procs.is_alive(procs.ProcessRecord(record.pid, record.start_ticks + 1, record.argv))
-        procs.terminate([record], grace_seconds=1.0)
+        procs.terminate([record], grace_seconds=3.0)
         assert not procs.is_alive(record)
         assert marker.read_text() == "TERM"
     finally:
