@@ -55,6 +55,8 @@ class UpstreamResponse:
     def __init__(self, response: Response, streamed: Any | None) -> None:
         self._response = response
         self._streamed = streamed
+        # Fetched once: each `body_reader` access builds a new Python object, and a stream reads it per chunk.
+        self._reader = response.body_reader if streamed is not None else None
         self.status = response.status
 
     @property
@@ -68,8 +70,9 @@ class UpstreamResponse:
             raise _failure(error) from error
 
     async def next_chunk(self) -> bytes | None:
+        reader = self._reader or self._response.body_reader
         try:
-            chunk = await self._response.body_reader.read_chunk()
+            chunk = await reader.read_chunk()
         except errors.PyreqwestError as error:
             raise _failure(error) from error
         return None if chunk is None else chunk.to_bytes()
