@@ -1,7 +1,7 @@
 """The router's HTTP shell: glue between clients, the pure policy and engine pods.
 
-Hot-path choices, measured with `inferencepool bench router`: aiohttp serves clients (on uvloop), calls to
-engines go through pyreqwest (upstream.py) with pooled keep-alive connections; the client's body is forwarded
+Hot-path choices, measured with `inferencepool bench router`: aiohttp serves clients (on uvloop) and calls
+engines on the same loop (upstream.py) with pooled keep-alive connections; the client's body is forwarded
 byte for byte when the route is direct (no re-encoding); metric children are bound once, live gauges computed
 at scrape time; no per-request logging.
 """
