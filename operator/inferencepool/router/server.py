@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -223,8 +224,8 @@ class Router:
                 error_type="RequestTooLargeError",
             ) from error
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as error:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as error:
             raise BadRequest(f"request body is not valid JSON: {error}") from error
         prompt = read_prompt(body, endpoint, self.config.served_model_name)
         tokens = self.counter.count(prompt)
@@ -275,7 +276,7 @@ class Router:
     ) -> bytes | None:
         """Run the prefill leg; the decode leg's body on success, None when it failed (the caller falls
         back)."""
-        payload = json.dumps(handshake.nixl_prefill_body(body), separators=(",", ":")).encode()
+        payload = orjson.dumps(handshake.nixl_prefill_body(body))
         started = time.monotonic()
         try:
             leg = await self._open(
@@ -289,7 +290,7 @@ class Router:
             if leg.response.status != 200:
                 self.metrics.upstream_errors.labels(pod.name, pod.role, "status").inc()
                 return None
-            answer = json.loads(await leg.response.body())
+            answer = orjson.loads(await leg.response.body())
             decode_body = handshake.nixl_decode_body(body, answer)
         except (UpstreamFailure, ValueError) as error:
             log.warning("prefill leg on %s failed, serving colocated: %s", pod.name, error)
@@ -300,7 +301,7 @@ class Router:
         elapsed = time.monotonic() - started
         self._prefill_samples.add(elapsed)
         self.metrics.prefill_leg.observe(elapsed)
-        return json.dumps(decode_body, separators=(",", ":")).encode()
+        return orjson.dumps(decode_body)
 
     async def _open(
         self,
