@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
-import threading
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -40,8 +38,8 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     operator = Operator.create(args.kubeconfig)
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    asyncio.run(operator.run(args.namespaces, stop_flag=stop, liveness_endpoint=args.liveness))
+    # No stop flag of our own: in the main thread kopf handles SIGINT/SIGTERM itself. A threading.Event
+    # here would never be set (kopf's loop handlers replace signal.signal ones), and kopf's thread waiting
+    # on it would keep the process alive after kopf stopped, until the kubelet's SIGKILL.
+    asyncio.run(operator.run(args.namespaces, liveness_endpoint=args.liveness))
     return 0
