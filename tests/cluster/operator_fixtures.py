@@ -13,6 +13,7 @@ import yaml
 
 from inferencepool.api import labels
 from inferencepool.api.v1alpha1 import API_VERSION
+from inferencepool.builders import CHILD_KINDS
 from inferencepool.cluster.testing import eventually
 from inferencepool.controller.handlers import OperatorState
 from inferencepool.controller.kube import Kube, load_configuration
@@ -25,17 +26,6 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 OPERATOR_ACCOUNT = ("inferencepool-system", "inferencepool-operator")
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
-
-CHILD_KINDS = [
-    ("apps/v1", "StatefulSet"),
-    ("apps/v1", "Deployment"),
-    ("v1", "Service"),
-    ("v1", "ConfigMap"),
-    ("v1", "ServiceAccount"),
-    ("rbac.authorization.k8s.io/v1", "Role"),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
-    ("policy/v1", "PodDisruptionBudget"),
-]
 
 
 def example(name: str) -> dict[str, Any]:

@@ -214,3 +214,14 @@ def test_a_pool_in_another_namespace_names_its_services_there() -> None:
     pool = InferencePool.model_validate(document)
     lmcache_file = child(pool, "ConfigMap", "p-decode-lmcache")["data"]["lmcache.yaml"]
     assert "p-lmcache-controller.team-a.svc:8300" in lmcache_file
+
+
+def test_child_kinds_lists_every_kind_the_builders_produce() -> None:
+    from inferencepool.builders import CHILD_KINDS
+
+    produced = {
+        (child["apiVersion"], child["kind"])
+        for name in ("llama-3.1-8b.yaml", "demo-cpu.yaml")
+        for child in pool_children(load_pool(name))
+    }
+    assert produced == set(CHILD_KINDS)

@@ -26,22 +26,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from inferencepool.builders import CHILD_KINDS
+
 if TYPE_CHECKING:
     from inferencepool.controller.kube import Kube
 
 # Not one of this project's images: kwok simulates these pods, so the benchmark measures the operator rather
 # than hundreds of local router processes.
 SIMULATED_ROUTER_IMAGE = "registry.invalid/router-simulated:0"
-CHILD_KINDS = [
-    ("apps/v1", "StatefulSet"),
-    ("apps/v1", "Deployment"),
-    ("v1", "Service"),
-    ("v1", "ConfigMap"),
-    ("v1", "ServiceAccount"),
-    ("rbac.authorization.k8s.io/v1", "Role"),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
-    ("policy/v1", "PodDisruptionBudget"),
-]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -13,7 +13,20 @@ from inferencepool.builders.engine import engine_children
 from inferencepool.builders.lmcache_controller import controller_children
 from inferencepool.builders.router import router_children, router_endpoint
 
-__all__ = ["Manifest", "PoolRef", "pool_children", "router_endpoint"]
+__all__ = ["CHILD_KINDS", "Manifest", "PoolRef", "pool_children", "router_endpoint"]
+
+# Every (apiVersion, kind) that pool_children can produce: what the benchmark and the tests list to find a
+# pool's children (a unit test keeps it in step with the builders).
+CHILD_KINDS: list[tuple[str, str]] = [
+    ("apps/v1", "StatefulSet"),
+    ("apps/v1", "Deployment"),
+    ("v1", "Service"),
+    ("v1", "ConfigMap"),
+    ("v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("policy/v1", "PodDisruptionBudget"),
+]
 
 
 def pool_children(pool: InferencePool) -> list[Manifest]:
