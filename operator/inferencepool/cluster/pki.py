@@ -67,74 +67,65 @@ def _write(cert_path: Path, key_path: Path, cert: x509.Certificate, key: rsa.RSA
     key_path.write_bytes(key_bytes)
 
 
+def _certificate(
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: rsa.RSAPrivateKey,
+    validity: tuple[datetime.datetime, datetime.datetime],
+    is_ca: bool,
+) -> x509.CertificateBuilder:
+    """What the CA and the admin certificate share; the caller adds the extensions that differ and signs."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(validity[0])
+        .not_valid_after(validity[1])
+        .add_extension(x509.BasicConstraints(ca=is_ca, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=True,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=is_ca,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+    )
+
+
 def generate(directory: Path, service_ip: str, valid_days: int = 3650) -> Pki:
     """Write ca.{crt,key} and admin.{crt,key}; `service_ip` is the `kubernetes` Service's cluster IP."""
     directory.mkdir(parents=True, exist_ok=True)
     pki = Pki(directory)
     now = datetime.datetime.now(datetime.UTC)
-    not_before, not_after = now - datetime.timedelta(days=1), now + datetime.timedelta(days=valid_days)
+    validity = (now - datetime.timedelta(days=1), now + datetime.timedelta(days=valid_days))
 
     ca_key = _new_key()
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kwok-ca")])
     ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=True,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        _certificate(ca_name, ca_name, ca_key, validity, is_ca=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
 
     admin_key = _new_key()
+    admin_name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
+            x509.NameAttribute(NameOID.COMMON_NAME, ADMIN_USER),
+        ]
+    )
     ips = ["127.0.0.1", "::1", service_ip]
     admin = (
-        x509.CertificateBuilder()
-        .subject_name(
-            x509.Name(
-                [
-                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
-                    x509.NameAttribute(NameOID.COMMON_NAME, ADMIN_USER),
-                ]
-            )
-        )
-        .issuer_name(ca_name)
-        .public_key(admin_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=True,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        _certificate(admin_name, ca_name, admin_key, validity, is_ca=False)
         .add_extension(
             x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
             critical=False,
