@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inferencepool.router.handshake import nixl_decode_body, nixl_prefill_body
+
 MODEL = "bench"
 TARGETS = ("direct", "direct-pd", "router-rr", "router-pd", "vllm-router-rr", "vllm-router-pd")
 BASELINE = {
@@ -43,14 +45,6 @@ BASELINE = {
     "router-pd": "direct-pd",
     "vllm-router-rr": "direct",
     "vllm-router-pd": "direct-pd",
-}
-NIXL_PREFILL = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
 }
 
 
@@ -194,13 +188,12 @@ async def one_request(session: Any, target: str, base: str, prefill: str, body: 
     started = time.perf_counter()
     payload = body
     if target == "direct-pd":
-        leg = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": NIXL_PREFILL}
-        leg.pop("stream_options", None)
-        async with session.post(prefill + "/v1/completions", json=leg) as response:
+        # The same pure leg builders the router uses, so the baseline differs only in who drives them.
+        async with session.post(prefill + "/v1/completions", json=nixl_prefill_body(body)) as response:
             answer = await response.json()
             if response.status != 200:
                 raise RuntimeError(f"prefill leg {response.status}: {answer}")
-        payload = {**body, "kv_transfer_params": answer["kv_transfer_params"]}
+        payload = nixl_decode_body(body, answer)
     ttft = None
     async with session.post(base + "/v1/completions", json=payload) as response:
         if response.status != 200:
