@@ -1,7 +1,8 @@
 """The router's HTTP shell: glue between clients, the pure policy and engine pods.
 
-Hot-path choices, measured with `inferencepool bench router`: aiohttp serves clients (on uvloop) and calls
-engines on the same loop (upstream.py) with pooled keep-alive connections; the client's body is forwarded
+Hot-path choices, measured with `inferencepool bench router`: one event loop (uvloop) serves clients and
+calls engines through the lean HTTP/1.1 layer in http1.py, with pooled keep-alive connections; a streamed
+answer is relayed from the engine's connection straight into the client's; the client's body is forwarded
 byte for byte when the route is direct (no re-encoding); metric children are bound once, live gauges computed
 at scrape time; no per-request logging.
 """
@@ -17,27 +18,29 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from inferencepool.router import handshake
 from inferencepool.router.config import RouterConfig
+from inferencepool.router.http1 import (
+    Reply,
+    Request,
+    Server,
+    Upstream,
+    UpstreamFailure,
+    UpstreamResponse,
+)
 from inferencepool.router.metrics import LiveState, RouterMetrics
 from inferencepool.router.pods import EngineRole, Pod, PodSet
 from inferencepool.router.policy import Route, choose_route
 from inferencepool.router.prompt import BadRequest, Endpoint, Prompt, read_prompt
 from inferencepool.router.threshold import SampleWindow, next_threshold
 from inferencepool.router.tokens import EstimateCounter, HFTokenCounter, TokenCounter
-from inferencepool.router.upstream import Upstream, UpstreamFailure, UpstreamResponse
 
 log = logging.getLogger("inferencepool.router")
 
 ROUTE_HEADER = "X-Inferencepool-Route"
-SSE_DONE = b"data: [DONE]\n\n"
-# A client that went away while the router wrote to it (aiohttp raises one or the other).
-_CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
 _CALIBRATION_FAST_SAMPLES = 50
 _SMALL_CALL_SECONDS = 10
 
@@ -48,10 +51,25 @@ def error_body(message: str, error_type: str, status: int, param: str | None = N
     ).encode()
 
 
-def error_response(message: str, error_type: str, status: int, param: str | None = None) -> web.Response:
-    return web.Response(
-        body=error_body(message, error_type, status, param), status=status, content_type="application/json"
-    )
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    413: "RequestTooLargeError",
+}
+
+
+def transport_error(status: int, message: str) -> bytes:
+    """The body of an error the HTTP layer answers itself (unreadable or too large requests)."""
+    return error_body(message, _ERROR_TYPES.get(status, "InternalServerError"), status)
+
+
+def send_json(reply: Reply, document: object, status: int = 200) -> None:
+    reply.send(status, orjson.dumps(document))
+
+
+def send_error(reply: Reply, message: str, error_type: str, status: int, param: str | None = None) -> None:
+    reply.send(status, error_body(message, error_type, status, param))
 
 
 class UpstreamError(Exception):
@@ -95,6 +113,7 @@ class Router:
         self._idle = asyncio.Event()
         self._idle.set()
         self._upstream: Upstream | None = None
+        self._routes: dict[tuple[str, str], Callable[[Request, Reply], Awaitable[None]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._prefill_samples = SampleWindow()
         self._itl_samples = SampleWindow()
@@ -109,32 +128,28 @@ class Router:
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_request_bytes)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/ready", self._ready)
-        app.router.add_get("/metrics", self._metrics)
-        app.on_startup.append(self._start)
-        app.on_cleanup.append(self._stop)
-        return app
-
-    async def _start(self, _app: web.Application) -> None:
+    async def start(self) -> None:
         timeouts = self.config.timeouts
         self._upstream = Upstream(timeouts.connect_milliseconds / 1000, timeouts.idle_stream_seconds)
+        self._routes = {
+            ("POST", "/v1/completions"): self._completions,
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/health"): self._health,
+            ("GET", "/ready"): self._ready,
+            ("GET", "/metrics"): self._metrics,
+        }
         if self._adaptive:
             self._tasks.append(asyncio.create_task(self._adapt_threshold()))
         if self._calibrating:
             self._tasks.append(asyncio.create_task(self._calibrate()))
 
-    async def _stop(self, _app: web.Application) -> None:
+    async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._upstream is not None:
-            await self._upstream.close()
+            self._upstream.close()
 
     def begin_drain(self) -> None:
         """Stop being ready; requests already accepted (and ones still arriving) are served."""
@@ -147,82 +162,94 @@ class Router:
             return False
         return True
 
+    async def handle(self, request: Request, reply: Reply) -> None:
+        handler = self._routes.get((request.method, request.path))
+        if handler is not None:
+            await handler(request, reply)
+        elif any(path == request.path for _, path in self._routes):
+            send_error(
+                reply,
+                f"method {request.method} is not allowed on {request.path}",
+                "MethodNotAllowedError",
+                405,
+            )
+        else:
+            send_error(reply, f"no such endpoint: {request.path}", "NotFoundError", 404)
+
     # ---- small endpoints ---------------------------------------------------------------------------------
 
-    async def _health(self, _request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+    async def _health(self, _request: Request, reply: Reply) -> None:
+        send_json(reply, {"status": "ok"})
 
-    async def _ready(self, _request: web.Request) -> web.Response:
+    async def _ready(self, _request: Request, reply: Reply) -> None:
         if self.draining:
-            return web.json_response({"ready": False, "reason": "draining"}, status=503)
-        if not self.pods.has_available("decode"):
-            return web.json_response({"ready": False, "reason": "no decode pod is ready"}, status=503)
-        return web.json_response(
-            {"ready": True, "threshold": self.threshold, "thresholdReason": self.threshold_reason}
-        )
+            send_json(reply, {"ready": False, "reason": "draining"}, 503)
+        elif not self.pods.has_available("decode"):
+            send_json(reply, {"ready": False, "reason": "no decode pod is ready"}, 503)
+        else:
+            send_json(
+                reply, {"ready": True, "threshold": self.threshold, "thresholdReason": self.threshold_reason}
+            )
 
-    async def _metrics(self, _request: web.Request) -> web.Response:
-        return web.Response(
-            body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
+    async def _metrics(self, _request: Request, reply: Reply) -> None:
+        reply.send(200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST)
 
-    async def _models(self, request: web.Request) -> web.Response:
+    async def _models(self, _request: Request, reply: Reply) -> None:
         assert self._upstream is not None
         pod = self.pods.pick("decode", time.monotonic())
         if pod is not None:
             try:
                 upstream = await self._upstream.get(pod.url + "/v1/models", _SMALL_CALL_SECONDS)
-                if upstream.status == 200:
-                    return web.Response(body=await upstream.body(), content_type="application/json")
+                try:
+                    if upstream.status == 200:
+                        reply.send(200, await upstream.body())
+                        return
+                finally:
+                    upstream.close()
             except UpstreamFailure as failure:
                 self.metrics.upstream_errors.labels(pod.name, pod.role, failure.kind).inc()
         if self.config.served_model_name is None:
-            return error_response("no engine pod answered /v1/models", "ServiceUnavailableError", 503)
+            send_error(reply, "no engine pod answered /v1/models", "ServiceUnavailableError", 503)
+            return
         model = {"id": self.config.served_model_name, "object": "model", "owned_by": "inferencepool"}
-        return web.json_response({"object": "list", "data": [model]})
+        send_json(reply, {"object": "list", "data": [model]})
 
     # ---- generation --------------------------------------------------------------------------------------
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._tracked(request, "completions", "/v1/completions")
+    async def _completions(self, request: Request, reply: Reply) -> None:
+        await self._tracked(request, reply, "completions")
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._tracked(request, "chat", "/v1/chat/completions")
+    async def _chat(self, request: Request, reply: Reply) -> None:
+        await self._tracked(request, reply, "chat")
 
-    async def _tracked(self, request: web.Request, endpoint: Endpoint, path: str) -> web.StreamResponse:
+    async def _tracked(self, request: Request, reply: Reply, endpoint: Endpoint) -> None:
         self.in_flight += 1
         self._idle.clear()
         try:
-            return await self._generate(request, endpoint, path)
+            await self._generate(request, reply, endpoint)
         except BadRequest as error:
             self.metrics.rejected.labels(str(error.status)).inc()
-            return error_response(str(error), error.error_type, error.status, error.param)
+            send_error(reply, str(error), error.error_type, error.status, error.param)
         except UpstreamError as error:
             self.metrics.rejected.labels(str(error.status)).inc()
             kind = "ServiceUnavailableError" if error.status == 503 else "BadGatewayError"
-            return error_response(str(error), kind, error.status)
+            send_error(reply, str(error), kind, error.status)
         except asyncio.CancelledError:
             self.metrics.client_disconnects.inc()
             raise
         except Exception:  # the router never dies of one request; the client learns something went wrong
             log.exception("request failed inside the router")
             self.metrics.rejected.labels("500").inc()
-            return error_response("internal router error", "InternalServerError", 500)
+            if not reply.started:
+                send_error(reply, "internal router error", "InternalServerError", 500)
         finally:
             self.in_flight -= 1
             if self.in_flight == 0:
                 self._idle.set()
 
-    async def _generate(self, request: web.Request, endpoint: Endpoint, path: str) -> web.StreamResponse:
+    async def _generate(self, request: Request, reply: Reply, endpoint: Endpoint) -> None:
         started = time.monotonic()
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge as error:
-            raise BadRequest(
-                f"request body exceeds the router's limit of {self.config.max_request_bytes} bytes",
-                status=413,
-                error_type="RequestTooLargeError",
-            ) from error
+        raw = request.body
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as error:
@@ -243,11 +270,13 @@ class Router:
             if self.config.prefix_affinity.enabled
             else None
         )
-        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
-        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
-        if "Authorization" in request.headers:
-            headers["Authorization"] = request.headers["Authorization"]
+        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        headers = [("Content-Type", "application/json"), ("X-Request-Id", request_id)]
+        authorization = request.headers.get("authorization")
+        if authorization is not None:
+            headers.append(("Authorization", authorization))
 
+        path = request.path
         decode_payload: bytes = raw
         decode_affinity = affinity
         if route is Route.DISAGGREGATED:
@@ -265,14 +294,14 @@ class Router:
             "decode", path, decode_payload, headers, decode_affinity, prompt.stream, timeout
         )
         try:
-            return await self._relay(request, leg, route, prompt.stream, started)
+            await self._relay(reply, leg, route, prompt.stream, started)
         finally:
             leg.pod.outstanding -= 1
             # Back to the pool when the body was read to its end, else closed (so the engine aborts).
-            await leg.response.close()
+            leg.response.close()
 
     async def _prefill(
-        self, path: str, body: dict[str, Any], headers: dict[str, str], affinity: int | None
+        self, path: str, body: dict[str, Any], headers: list[tuple[str, str]], affinity: int | None
     ) -> bytes | None:
         """Run the prefill leg; the decode leg's body on success, None when it failed (the caller falls
         back)."""
@@ -298,6 +327,7 @@ class Router:
             return None
         finally:
             pod.outstanding -= 1
+            leg.response.close()
         elapsed = time.monotonic() - started
         self._prefill_samples.add(elapsed)
         self.metrics.prefill_leg.observe(elapsed)
@@ -308,7 +338,7 @@ class Router:
         role: EngineRole,
         path: str,
         payload: bytes,
-        headers: dict[str, str],
+        headers: list[tuple[str, str]],
         affinity: int | None,
         stream: bool,
         timeout_seconds: int,
@@ -352,7 +382,7 @@ class Router:
                     detail = (await response.body())[:300].decode(errors="replace")
                 except UpstreamFailure as failure:
                     detail = str(failure)
-                await response.close()
+                response.close()
                 pod.outstanding -= 1
                 self.metrics.upstream_errors.labels(pod.name, role, "status").inc()
                 last_problem = f"{role} pod {pod.name} answered {response.status}: {detail}"
@@ -363,9 +393,7 @@ class Router:
         status = 503 if not tried else 502
         raise UpstreamError(last_problem, status)
 
-    async def _relay(
-        self, request: web.Request, leg: _Leg, route: Route, stream: bool, started: float
-    ) -> web.StreamResponse:
+    async def _relay(self, reply: Reply, leg: _Leg, route: Route, stream: bool, started: float) -> None:
         upstream = leg.response
         if not stream or upstream.status != 200:
             try:
@@ -374,59 +402,58 @@ class Router:
                 self.metrics.upstream_errors.labels(leg.pod.name, leg.pod.role, failure.kind).inc()
                 status = 504 if failure.kind == "timeout" else 502
                 raise UpstreamError(f"decode pod {leg.pod.name} failed: {failure}", status) from failure
-            return web.Response(
-                body=payload,
-                status=upstream.status,
-                headers={
-                    "Content-Type": upstream.content_type or "application/json",
-                    ROUTE_HEADER: route,
-                },
+            reply.send(
+                upstream.status,
+                payload,
+                upstream.content_type or "application/json",
+                ((ROUTE_HEADER, route),),
             )
-        response = web.StreamResponse(
-            status=200,
-            headers={
-                "Content-Type": upstream.content_type or "text/event-stream",
-                "Cache-Control": "no-cache",
-                ROUTE_HEADER: route,
-            },
+            return
+        reply.start(
+            200,
+            upstream.content_type or "text/event-stream",
+            (("Cache-Control", "no-cache"), (ROUTE_HEADER, route)),
         )
-        await response.prepare(request)
+        reply.on_backpressure(upstream.pause, upstream.resume)
         itl_metric = self.metrics.itl_by_route[route]
+        ttft_metric = self.metrics.ttft_by_route[route]
         sample = self._itl_samples.add if self._adaptive else None
+        pending: list[bytes] = []
         previous = 0.0
-        ended = False
+
+        def on_data(data: bytes) -> None:
+            nonlocal previous
+            now = time.monotonic()
+            if previous:
+                gap = (now - previous) / (data.count(b"data:") or 1)
+                itl_metric.observe(gap)
+                if sample is not None:
+                    sample(gap)
+            else:
+                ttft_metric.observe(now - started)
+            previous = now
+            pending.append(data)
+
+        def on_flush() -> None:
+            # Everything one read brought goes out in one write; the last one carries the end of the body.
+            data = b"".join(pending) if len(pending) != 1 else pending[0]
+            pending.clear()
+            if upstream.complete:
+                reply.end(data)
+            else:
+                reply.write(data)
+
         try:
-            while (chunk := await upstream.next_chunk()) is not None:
-                now = time.monotonic()
-                if previous:
-                    gap = (now - previous) / (chunk.count(b"data:") or 1)
-                    itl_metric.observe(gap)
-                    if sample is not None:
-                        sample(gap)
-                else:
-                    self.metrics.ttft_by_route[route].observe(now - started)
-                previous = now
-                if ended:
-                    continue
-                if chunk.endswith(SSE_DONE):
-                    # The last event and the end of the chunked body in one write; the loop still reads the
-                    # engine's end of body so the upstream connection goes back to the pool.
-                    await response.write_eof(chunk)
-                    ended = True
-                else:
-                    await response.write(chunk)
-        except _CLIENT_GONE:
-            # The client went away: dropping the upstream response (in the caller) aborts it on the engine.
-            self.metrics.client_disconnects.inc()
-            return response
+            await upstream.relay(on_data, on_flush)
         except UpstreamFailure as failure:
             # Headers are out, so the status cannot change: end the stream with an SSE error event instead.
             self.metrics.upstream_errors.labels(leg.pod.name, leg.pod.role, "stream").inc()
             message = f"decode pod {leg.pod.name} failed mid-stream: {failure}"
-            await response.write(b"data: " + error_body(message, "BadGatewayError", 502) + b"\n\n")
-        if not ended:
-            await response.write_eof()
-        return response
+            reply.end(b"data: " + error_body(message, "BadGatewayError", 502) + b"\n\n")
+            return
+        if reply.closed:
+            self.metrics.client_disconnects.inc()
+        reply.end()
 
     # ---- background: adaptive threshold and tokenizer calibration ----------------------------------------
 
@@ -481,13 +508,16 @@ class Router:
             answer = await self._upstream.post(
                 pod.url + "/tokenize",
                 json.dumps(query).encode(),
-                {"Content-Type": "application/json"},
+                (("Content-Type", "application/json"),),
                 stream=False,
                 timeout_seconds=_SMALL_CALL_SECONDS,
             )
-            if answer.status != 200:
-                return
-            count = json.loads(await answer.body()).get("count")
+            try:
+                if answer.status != 200:
+                    return
+                count = json.loads(await answer.body()).get("count")
+            finally:
+                answer.close()
         except (UpstreamFailure, ValueError, AttributeError):
             return
         if isinstance(count, int):
@@ -504,26 +534,27 @@ async def serve(
     """Serve until `stop` is set (SIGTERM in the CLI), then drain: not ready, stop accepting, finish
     streams."""
     stop = stop or asyncio.Event()
-    runner = web.AppRunner(router.app(), access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024)
-    await site.start()
-    bound = runner.addresses[0][1] if runner.addresses else port
-    if on_listening is not None:
-        result = on_listening(bound)
-        if result is not None:
-            await result
-    await stop.wait()
-    timeouts = router.config.timeouts
-    router.begin_drain()
-    log.info("draining: /ready is 503; %d requests in flight", router.in_flight)
-    if timeouts.drain_grace_seconds:
-        await asyncio.sleep(timeouts.drain_grace_seconds)
-    await site.stop()
-    finished = await router.wait_idle(timeouts.drain_seconds)
-    if not finished:
-        log.warning("drain timeout: %d requests still in flight are cut", router.in_flight)
-    await runner.cleanup()
+    await router.start()
+    server = Server(router.handle, router.config.max_request_bytes, transport_error)
+    try:
+        bound = await server.listen(host, port)
+        if on_listening is not None:
+            result = on_listening(bound)
+            if result is not None:
+                await result
+        await stop.wait()
+        timeouts = router.config.timeouts
+        router.begin_drain()
+        log.info("draining: /ready is 503; %d requests in flight", router.in_flight)
+        if timeouts.drain_grace_seconds:
+            await asyncio.sleep(timeouts.drain_grace_seconds)
+        server.stop_accepting()
+        finished = await router.wait_idle(timeouts.drain_seconds)
+        if not finished:
+            log.warning("drain timeout: %d requests still in flight are cut", router.in_flight)
+    finally:
+        server.close()
+        await router.stop()
 
 
 def counter_for(config: RouterConfig) -> HFTokenCounter | EstimateCounter:
