@@ -110,7 +110,7 @@ async def test_unreadable_requests_get_a_json_error_and_the_connection_closes(
         answer = await _exchange(port, raw)
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 " + status) and b"Connection: close" in head
-    error = json.loads(body)["error"]
+    error = json.loads(body)["error"]  # one answer only: json.loads refuses anything after it
     assert words.decode() in error["message"] and error["code"] == int(status)
 
 

@@ -239,6 +239,8 @@ class _ServerConnection(asyncio.Protocol):
             self.write(_CONTINUE)
 
     def on_body(self, body: bytes) -> None:
+        if self._rejected:
+            return
         self._size += len(body)
         if self._size > self.server.limit:
             self._too_large()
@@ -310,6 +312,8 @@ class _ServerConnection(asyncio.Protocol):
 
     def _reject(self, status: int, message: str) -> None:
         """Answer a request that cannot be read, and close (the rest of its bytes cannot be framed)."""
+        if self._rejected:
+            return
         self._rejected = True
         if self._task is not None:
             return  # a reply is being written on this connection; closing after it is all that is left
@@ -454,7 +458,16 @@ class UpstreamResponse:
         return self._conn.complete
 
     async def body(self) -> bytes:
-        await self._conn.finished()
+        """The whole body; a body that stalls for the idle timeout fails with kind timeout."""
+        done = self._conn.finished()
+        if not done.done():
+            self._arm()
+            try:
+                await done
+            finally:
+                if self._timer is not None:
+                    self._timer.cancel()
+        done.result()
         return self._conn.take_buffer()
 
     async def relay(self, on_data: Callable[[bytes], None], on_flush: Callable[[], None]) -> None:
