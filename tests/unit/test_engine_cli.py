@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +131,108 @@ def test_multiconnector_with_lmcache_p2p(tmp_path: Path) -> None:
 def test_bad_settings_name_the_problem(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         config_for(argv, env)
+
+
+def pd_settings(tp: int = 2) -> Any:
+    from inferencepool.builders.lmcache import LMCacheSettings
+
+    return LMCacheSettings(
+        mode="LMCachePD",
+        p2p=False,
+        tensor_parallel_size=tp,
+        chunk_size=256,
+        cpu_offload_gib=0,
+        disk_gib=0,
+        controller_host="",
+        proxy_host="router.prod.svc",
+        pd_buffer_gib=2,
+    )
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_lmcache_pd_mode_from_the_operators_files(tmp_path: Path, role: str) -> None:
+    """The fake reads the LMCache YAML and kv-transfer-config the operator writes for a PD pool."""
+    from inferencepool.builders import kvtransfer, lmcache
+
+    settings = pd_settings()
+    config_file = tmp_path / "lmcache.yaml"
+    config_file.write_text(lmcache.engine_config_yaml(role, settings))  # type: ignore[arg-type]
+    kv = kvtransfer.kv_transfer_config_json(role, "LMCachePD", True)  # type: ignore[arg-type]
+    env = {"LMCACHE_CONFIG_FILE": str(config_file), "LMCACHE_PD_PEER_HOST": "10.0.0.7"}
+    config = config_for(
+        [
+            "serve",
+            "m",
+            "--host",
+            "10.0.0.7",
+            "-tp",
+            "2",
+            "--kv-transfer-config",
+            kv,
+            "--profile",
+            "llama-3.1-8b-h100",
+        ],
+        env,
+    )
+    assert config.lmcache.cpu_capacity_chunks == 0 and not config.lmcache.p2p
+    if role == "prefill":
+        assert config.pd.role == config.lmcache.pd_role == "sender"
+        assert (config.pd.proxy_host, config.pd.proxy_port) == ("router.prod.svc", lmcache.PD_PROXY_PORT)
+        assert not config.lmcache.load and config.lmcache.save
+    else:
+        assert config.pd.role == config.lmcache.pd_role == "receiver"
+        assert config.pd.peer_host == "10.0.0.7"
+        assert config.pd.init_ports == tuple(lmcache.pd_init_ports(2))
+        assert config.pd.alloc_ports == tuple(lmcache.pd_alloc_ports(2))
+        # 2 GiB per rank; a rank holds half of each 256-token chunk of Llama-3.1-8B (128 KiB/token)
+        assert config.lmcache.pd_buffer_chunks == 2 * 2**30 // (256 * 131072 // 2)
+        assert config.lmcache.load and not config.lmcache.save
+
+
+def test_lmcache_pd_settings_from_the_environment() -> None:
+    kv = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_consumer"})
+    env = {
+        "LMCACHE_ENABLE_PD": "true",
+        "LMCACHE_PD_ROLE": "receiver",
+        "LMCACHE_PD_BUFFER_SIZE": "1073741824",
+        "LMCACHE_PD_PEER_INIT_PORT": "0,0",
+        "LMCACHE_PD_PEER_ALLOC_PORT": "0,0",
+    }
+    config = config_for(["--host", "127.0.0.9", "-tp", "2", "--kv-transfer-config", kv], env)
+    assert config.pd.peer_host == "127.0.0.9"  # no pd_peer_host: the engine's own address
+    assert config.pd.init_ports == config.pd.alloc_ports == (0, 0)
+
+
+PD_KV = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_producer"})
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"LMCACHE_ENABLE_PD": "1", "LMCACHE_PD_ROLE": "both"}, 'pd_role must be "sender" or "receiver"'),
+        ({"LMCACHE_ENABLE_PD": "1", "LMCACHE_PD_ROLE": "sender"}, "needs pd_proxy_host and pd_proxy_port"),
+        (
+            {"LMCACHE_ENABLE_PD": "1", "LMCACHE_PD_ROLE": "sender", "LMCACHE_PD_PROXY_HOST": "r",
+             "LMCACHE_PD_PROXY_PORT": "x"},
+            "pd_proxy_port must be an integer",
+        ),
+        (
+            {"LMCACHE_ENABLE_PD": "1", "LMCACHE_PD_ROLE": "receiver", "LMCACHE_PD_BUFFER_SIZE": "1000",
+             "LMCACHE_PD_PEER_INIT_PORT": "7300", "LMCACHE_PD_PEER_ALLOC_PORT": "7400,7401"},
+            "pd_peer_init_port needs one port per TP rank (2)",
+        ),
+        (
+            {"LMCACHE_ENABLE_PD": "1", "LMCACHE_PD_ROLE": "receiver", "LMCACHE_PD_PEER_INIT_PORT": "1,2",
+             "LMCACHE_PD_PEER_ALLOC_PORT": "3,4"},
+            "needs pd_buffer_size",
+        ),
+        (
+            {"LMCACHE_ENABLE_PD": "1", "LMCACHE_ENABLE_P2P": "1", "LMCACHE_PD_ROLE": "sender",
+             "LMCACHE_PD_PROXY_HOST": "r", "LMCACHE_PD_PROXY_PORT": "1"},
+            "enable_pd and enable_p2p cannot both be true",
+        ),
+    ],
+)  # fmt: skip
+def test_bad_lmcache_pd_settings_name_the_key(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        config_for(["-tp", "2", "--kv-transfer-config", PD_KV], env)

@@ -8,6 +8,10 @@ flags: --profile (or env FAKE_ENGINE_PROFILE), --role, --time-scale (or env FAKE
 
 P/D disaggregation needs a NIXL connector, as in vLLM: `--kv-transfer-config '{"kv_connector":"NixlConnector",
 "kv_role":"kv_both"}'`; `--role prefill|decode` without a config turns it on too (a shortcut for local runs).
+LMCache PD mode is LMCacheConnectorV1 with kv_role kv_producer / kv_consumer and, in the LMCache settings
+(LMCACHE_CONFIG_FILE, then LMCACHE_<KEY> variables), enable_pd with pd_role sender (pd_proxy_host,
+pd_proxy_port) / receiver (pd_peer_host, else --host; pd_peer_init_port, pd_peer_alloc_port, one per TP rank,
+0 for a free port) and pd_buffer_size in bytes.
 """
 
 from __future__ import annotations
@@ -21,7 +25,11 @@ import signal
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inferencepool.engine_sim.profiles import EngineProfile
+    from inferencepool.engine_sim.server import PdConfig
 
 NIXL = "NixlConnector"
 LMCACHE = "LMCacheConnectorV1"
@@ -139,7 +147,9 @@ def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None
 
     chunk_tokens = 256
     lmcache = None
-    if any(c.get("kv_connector") == LMCACHE for c in connectors):
+    pd = None
+    lmcache_config = next((c for c in connectors if c.get("kv_connector") == LMCACHE), None)
+    if lmcache_config is not None:
         settings = _lmcache_settings(env)
         chunk_tokens = int(settings.get("chunk_size", 256))
         cpu_gb = (
@@ -148,8 +158,28 @@ def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None
             else 0.0
         )
         cpu_chunks = int(cpu_gb * 1e9 / (chunk_tokens * profile.model.kv_bytes_per_token))
+        kv_role = lmcache_config.get("kv_role", "kv_both")
+        if kv_role not in ("kv_both", "kv_producer", "kv_consumer"):
+            raise ValueError(
+                f"LMCacheConnectorV1 kv_role must be kv_both, kv_producer or kv_consumer, got {kv_role!r}"
+            )
+        pd = (
+            _pd_config(settings, args.host, profile, chunk_tokens)
+            if _truthy(settings.get("enable_pd"))
+            else None
+        )
+        p2p = _truthy(settings.get("enable_p2p", False))
+        if pd is not None and p2p:
+            raise ValueError(
+                "LMCache settings: enable_pd and enable_p2p cannot both be true (LMCache refuses it)"
+            )
         lmcache = LmcacheSettings(
-            cpu_capacity_chunks=cpu_chunks, p2p=_truthy(settings.get("enable_p2p", False))
+            cpu_capacity_chunks=cpu_chunks,
+            p2p=p2p,
+            load=kv_role != "kv_producer",  # LMCache never loads into a producer (vllm_v1_adapter.py)
+            save=kv_role != "kv_consumer",  # nor saves from a consumer
+            pd_role=pd[0].role if pd else None,
+            pd_buffer_chunks=pd[1] if pd else 0,
         )
 
     side_host = env.get("VLLM_NIXL_SIDE_CHANNEL_HOST") or (
@@ -184,7 +214,61 @@ def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None
         time_scale=time_scale,
         tokenizer=load_tokenizer(args.tokenizer, model),
         role=args.role,
+        pd=pd[0] if pd else None,
     )
+
+
+def _pd_config(
+    settings: dict[str, Any], host: str, profile: EngineProfile, chunk_tokens: int
+) -> tuple[PdConfig, int]:
+    """LMCache PD settings -> the fake's PdConfig and the receiver's buffer capacity in chunks."""
+    from inferencepool.engine_sim.server import PdConfig
+
+    role = str(settings.get("pd_role") or "")
+    tp = profile.tensor_parallel
+    if role == "sender":
+        proxy_host, proxy_port = settings.get("pd_proxy_host"), settings.get("pd_proxy_port")
+        if not proxy_host or proxy_port in (None, ""):
+            raise ValueError("LMCache settings: pd_role sender needs pd_proxy_host and pd_proxy_port")
+        return PdConfig(
+            role=role, proxy_host=str(proxy_host), proxy_port=_int_setting("pd_proxy_port", proxy_port)
+        ), 0
+    if role != "receiver":
+        raise ValueError(
+            f'LMCache settings: pd_role must be "sender" or "receiver" with enable_pd, got {role!r}'
+        )
+    init_ports = _port_list("pd_peer_init_port", settings.get("pd_peer_init_port"), tp)
+    alloc_ports = _port_list("pd_peer_alloc_port", settings.get("pd_peer_alloc_port"), tp)
+    buffer_bytes = settings.get("pd_buffer_size")
+    if buffer_bytes in (None, ""):
+        raise ValueError("LMCache settings: pd_role receiver needs pd_buffer_size (bytes)")
+    # each rank's buffer holds its shard of every chunk
+    chunk_bytes_per_rank = chunk_tokens * profile.model.kv_bytes_per_token / tp
+    buffer_chunks = int(_int_setting("pd_buffer_size", buffer_bytes) // chunk_bytes_per_rank)
+    peer_host = settings.get("pd_peer_host") or (host if host not in ("0.0.0.0", "::", "") else "127.0.0.1")
+    config = PdConfig(role=role, peer_host=str(peer_host), init_ports=init_ports, alloc_ports=alloc_ports)
+    return config, buffer_chunks
+
+
+def _int_setting(key: str, value: object) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        raise ValueError(f"LMCache settings: {key} must be an integer, got {value!r}") from None
+
+
+def _port_list(key: str, value: object, tp: int) -> tuple[int, ...]:
+    """LMCache's int-list setting (a YAML list, or "7300,7301" from the environment), one port per TP rank."""
+    if isinstance(value, list):
+        parts: list[object] = list(value)
+    elif isinstance(value, (int, str)) and not isinstance(value, bool):
+        parts = [p.strip() for p in str(value).split(",") if p.strip()]
+    else:
+        parts = []
+    ports = tuple(_int_setting(key, p) for p in parts)
+    if len(ports) < tp:
+        raise ValueError(f"LMCache settings: {key} needs one port per TP rank ({tp}), got {value!r}")
+    return ports
 
 
 def _connectors(kv_config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -210,11 +294,17 @@ def _lmcache_settings(env: dict[str, str]) -> dict[str, Any]:
         if not isinstance(loaded, dict):
             raise ValueError(f"LMCACHE_CONFIG_FILE {path} must hold a YAML mapping")
         settings.update(loaded)
-    for key in ("chunk_size", "local_cpu", "max_local_cpu_size", "enable_p2p"):
+    for key in _ENV_KEYS:
         value = env.get(f"LMCACHE_{key.upper()}")
         if value is not None:
             settings[key] = value
     return settings
+
+
+_ENV_KEYS = (
+    "chunk_size", "local_cpu", "max_local_cpu_size", "enable_p2p", "enable_pd", "pd_role", "pd_buffer_size",
+    "pd_peer_host", "pd_peer_init_port", "pd_peer_alloc_port", "pd_proxy_host", "pd_proxy_port",
+)  # fmt: skip
 
 
 def _truthy(value: object) -> bool:

@@ -8,8 +8,11 @@ Nothing here reads a clock or does I/O. A driver owns time:
 The driver calls `schedule(now)` to get the next step (or None when idle), waits `step.duration`, then calls
 `complete(step)` to get the tokens the step produced. Requests that need KV from another engine (a NIXL decode
 leg) ask the driver to perform the read (`take_remote_reads`), and the driver reports back with
-`remote_read_done`. `next_wakeup()` says when something changes without new input (a transfer lands, a lease
-expires).
+`remote_read_done`. A prefill engine in LMCache PD mode (pd_role sender) pushes each disagg_spec request's
+prompt KV to the decode engine the spec names; the driver performs the push (`take_pd_pushes`), and a decode
+engine (pd_role receiver) takes pushed chunks into its PD buffer (`pd_offer`) and loads them on a prefix
+hit instead of prefilling. `next_wakeup()` says when something changes without new input (a transfer lands,
+a lease expires).
 
 Scheduling mirrors vLLM V1: one token budget per step (max_num_batched_tokens) shared by running requests
 first (decodes take one token, unfinished prefills take a chunk) and then waiting requests in arrival order; a
@@ -26,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from inferencepool.engine_sim import timing
-from inferencepool.engine_sim.kv import BlockPool, LruChunkStore, SharedPrefixIndex, chunk_hashes
+from inferencepool.engine_sim.kv import BlockPool, LruChunkStore, PdBuffer, SharedPrefixIndex, chunk_hashes
 from inferencepool.engine_sim.profiles import EngineProfile
 
 FINISH_LENGTH = "length"
@@ -46,6 +49,16 @@ class RemotePrefill:
 
 
 @dataclass(frozen=True)
+class DisaggSpec:
+    """kv_transfer_params.disagg_spec of an LMCache PD prefill leg: push the prompt's KV to this receiver."""
+
+    req_id: str
+    receiver_host: str
+    receiver_init_ports: tuple[int, ...]  # one per TP rank
+    receiver_alloc_ports: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class EngineRequest:
     request_id: str
     prompt_token_ids: Sequence[int]
@@ -53,6 +66,7 @@ class EngineRequest:
     finish_reason: str = FINISH_LENGTH  # reported when the last token is produced
     remote_prefill: RemotePrefill | None = None  # decode leg: load the prompt's KV from a prefill engine
     remote_decode: bool = False  # prefill leg: keep the KV for a decode engine to read after finishing
+    disagg: DisaggSpec | None = None  # LMCache PD prefill leg: push the prompt's KV to a decode engine
 
     def __post_init__(self) -> None:
         if self.output_tokens < 1:
@@ -97,6 +111,16 @@ class RemoteRead:
     request_id: str
     source: RemotePrefill
     tokens: int
+
+
+@dataclass(frozen=True)
+class PdPush:
+    """A push the driver must perform: the prompt's KV chunks to the receiver of a disagg_spec."""
+
+    request_id: str
+    spec: DisaggSpec
+    chunk_keys: tuple[bytes, ...]
+    tokens: int  # every prompt token is sent, the partial last chunk too (discard_partial_chunks false)
 
 
 @dataclass(frozen=True)
@@ -167,6 +191,10 @@ class EngineStats:
     external_prefix_cache_queries: int = 0
     external_prefix_cache_hits: int = 0
     preemptions: int = 0
+    pd_pushes: int = 0  # LMCache PD sender: pushes whose every TP rank notified the router
+    pd_push_failures: int = 0  # ... pushes a rank could not complete (receiver unreachable or full)
+    pd_rejected_chunks: int = 0  # LMCache PD receiver: chunks refused because the PD buffer was full
+    pd_loaded_tokens: int = 0  # ... prompt tokens loaded from the PD buffer instead of prefilled
     request_success: dict[str, int] = field(default_factory=dict)
     requests_failed: int = 0
     steps: int = 0
@@ -177,6 +205,14 @@ class EngineStats:
 class LmcacheSettings:
     cpu_capacity_chunks: int
     p2p: bool = False
+    load: bool = True  # kv_producer: LMCache reports no external hits to a prefill engine
+    save: bool = True  # kv_consumer: LMCache skips every save on a decode engine
+    pd_role: str | None = None  # "sender" or "receiver" in LMCache PD mode (enable_pd)
+    pd_buffer_chunks: int = 0  # receiver: chunks its PD buffer (pd_buffer_size per TP rank) holds
+
+    def __post_init__(self) -> None:
+        if self.pd_role not in (None, "sender", "receiver"):
+            raise ValueError(f'pd_role must be "sender" or "receiver", got {self.pd_role!r}')
 
 
 class EngineCore:
@@ -208,6 +244,12 @@ class EngineCore:
             prefix_caching=prefix_caching,
         )
         self.cpu_store = LruChunkStore(lmcache.cpu_capacity_chunks) if lmcache else None
+        self.pd_buffer = (
+            PdBuffer(lmcache.pd_buffer_chunks, profile.tensor_parallel)
+            if lmcache is not None and lmcache.pd_role == "receiver"
+            else None
+        )
+        self._pushes: list[PdPush] = []
         self.stats = EngineStats()
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []
@@ -266,6 +308,23 @@ class EngineCore:
     def take_remote_reads(self) -> list[RemoteRead]:
         reads, self._reads = self._reads, []
         return reads
+
+    def take_pd_pushes(self) -> list[PdPush]:
+        pushes, self._pushes = self._pushes, []
+        return pushes
+
+    def pd_offer(self, rank: int, chunk_keys: Sequence[bytes]) -> bool:
+        """A sender's TP rank asks this receiver to take chunks (LMCache's AllocRequest); all or nothing.
+
+        False when they do not fit in the PD buffer: LMCache's receiver then answers -1 and the sender aborts
+        the request without notifying the router.
+        """
+        if self.pd_buffer is None:
+            raise LookupError("this engine is not an LMCache PD receiver")
+        accepted = self.pd_buffer.offer(rank, chunk_keys)
+        if not accepted:
+            self.stats.pd_rejected_chunks += len(chunk_keys)
+        return accepted
 
     def remote_read_done(self, request_id: str, now: float, error: str | None = None) -> RequestFailed | None:
         """The driver finished contacting the source engine: start the modelled transfer, or fail the request.
@@ -434,6 +493,7 @@ class EngineCore:
             self.stats.generation_tokens += 1
             if index == 0:
                 self.stats.prompt_tokens += seq.prompt_len
+                self._queue_pd_push(seq)
             if seq.num_output < seq.request.output_tokens:
                 events.append(TokenEvent(seq.request.request_id, now, index))
                 continue
@@ -441,6 +501,12 @@ class EngineCore:
         return events
 
     # ----- internals -----
+
+    def _queue_pd_push(self, seq: _Seq) -> None:
+        spec = seq.request.disagg
+        if spec is None or self.lmcache is None or self.lmcache.pd_role != "sender":
+            return  # LMCache pushes nothing without a disagg_spec
+        self._pushes.append(PdPush(seq.request.request_id, spec, tuple(seq.hashes), seq.prompt_len))
 
     def _finish(self, seq: _Seq, now: float, index: int) -> TokenEvent:
         request = seq.request
@@ -525,19 +591,27 @@ class EngineCore:
             self._reads.append(RemoteRead(seq.request.request_id, remote, seq.external_tokens))
             return StepEntry(seq, 0, 0)
 
-        cpu_tokens, peer_tokens = self._external_prefix(lookup, gpu_chunks)
-        computed = gpu_tokens + cpu_tokens + peer_tokens
+        pd_chunks = self._pd_prefix(lookup, gpu_chunks)
+        pd_tokens = pd_chunks * self.pool.chunk_tokens
+        cpu_tokens, peer_tokens = self._external_prefix(lookup, gpu_chunks + pd_chunks)
+        computed = gpu_tokens + pd_tokens + cpu_tokens + peer_tokens
         new = min(seq.total_tokens - computed, budget)
         need = self._blocks_needed(seq, computed + new)
         if not self.pool.allocate(need):
             self._undo_admission(seq)
             return None
+        if self.pd_buffer is not None and pd_chunks:
+            # LMCache's PD backend frees a pushed chunk once it has been loaded
+            self.pd_buffer.take(lookup[gpu_chunks : gpu_chunks + pd_chunks])
+            self.stats.pd_loaded_tokens += pd_tokens
         seq.private_blocks = need
         seq.num_computed = computed
-        seq.pending_load_s = timing.host_load_time(self.profile, cpu_tokens) + timing.kv_transfer_time(
-            self.profile, peer_tokens, self.profile.hardware.kv_link_bytes_per_s
+        seq.pending_load_s = (
+            timing.host_load_time(self.profile, cpu_tokens)
+            + timing.kv_transfer_time(self.profile, peer_tokens, self.profile.hardware.kv_link_bytes_per_s)
+            + timing.device_copy_time(self.profile, pd_tokens)
         )
-        self._record_admission(seq, gpu_tokens, cpu_tokens + peer_tokens)
+        self._record_admission(seq, gpu_tokens, pd_tokens + cpu_tokens + peer_tokens)
         seq.state = _State.RUNNING
         self._running.append(seq)
         return StepEntry(seq, new, computed)
@@ -553,9 +627,20 @@ class EngineCore:
             self.stats.external_prefix_cache_queries += seq.prompt_len - gpu_hit_tokens
             self.stats.external_prefix_cache_hits += external_hit_tokens
 
+    def _pd_prefix(self, lookup: Sequence[bytes], start: int) -> int:
+        """LMCache PD receiver: leading chunks after the GPU hit that a sender pushed (by chunk hash)."""
+        if self.pd_buffer is None or self.lmcache is None or not self.lmcache.load:
+            return 0
+        count = 0
+        for key in lookup[start:]:
+            if key not in self.pd_buffer:
+                break
+            count += 1
+        return count
+
     def _external_prefix(self, lookup: Sequence[bytes], start: int) -> tuple[int, int]:
         """LMCache: tokens after the GPU hit found in this engine's CPU tier, then at a peer (p2p)."""
-        if self.cpu_store is None or self.lmcache is None:
+        if self.cpu_store is None or self.lmcache is None or not self.lmcache.load:
             return 0, 0
         cpu = peer = 0
         for key in lookup[start:]:
@@ -585,7 +670,7 @@ class EngineCore:
             self._store_in_lmcache(key)
 
     def _store_in_lmcache(self, key: bytes) -> None:
-        if self.cpu_store is None:
+        if self.cpu_store is None or self.lmcache is None or not self.lmcache.save:
             return
         evicted = self.cpu_store.store(key)
         if self.prefix_index is not None and self.lmcache is not None and self.lmcache.p2p:

@@ -190,6 +190,44 @@ class LruChunkStore:
         return len(self._chunks)
 
 
+class PdBuffer:
+    """An LMCache PD receiver's buffer: chunks pushed by senders, waiting for the request that loads them.
+
+    Every TP rank pushes its own shard of each chunk to its own port; a chunk is loadable once all ranks
+    delivered it. Capacity is in chunks (pd_buffer_size holds the same number of shards on every rank). A push
+    that does not fit is refused whole, as LMCache's async receiver answers -1 and the sender aborts (it
+    would first wait up to pd_allocation_timeout_sec for room; the fake does not). A chunk leaves the buffer
+    when a request loads it.
+    """
+
+    def __init__(self, capacity_chunks: int, ranks: int = 1) -> None:
+        if ranks < 1:
+            raise ValueError("ranks must be >= 1")
+        self.capacity_chunks = capacity_chunks
+        self.ranks = ranks
+        self._shards: OrderedDict[bytes, set[int]] = OrderedDict()
+
+    def offer(self, rank: int, keys: Sequence[bytes]) -> bool:
+        if not 0 <= rank < self.ranks:
+            raise ValueError(f"rank {rank} outside 0..{self.ranks - 1}")
+        new = [k for k in dict.fromkeys(keys) if k not in self._shards]
+        if len(self._shards) + len(new) > self.capacity_chunks:
+            return False
+        for key in keys:
+            self._shards.setdefault(key, set()).add(rank)
+        return True
+
+    def __contains__(self, key: bytes) -> bool:
+        return len(self._shards.get(key, ())) == self.ranks
+
+    def take(self, keys: Iterable[bytes]) -> None:
+        for key in keys:
+            self._shards.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._shards)
+
+
 class SharedPrefixIndex:
     """Which engine holds which chunk (LMCache's controller view, for p2p fetches between engines).
 

@@ -73,6 +73,26 @@ class _CoreCollector(Collector):
         for reason in ("stop", "length", "abort"):
             success.add_metric([*values, reason], stats.request_success.get(reason, 0))
         yield success
+        if core.lmcache is not None and core.lmcache.pd_role is not None:
+            yield from self._pd_counters()
+
+    def _pd_counters(self) -> Iterator[Metric]:
+        # Not vLLM metrics: what the fake's LMCache PD emulation did (LMCache has its own, on another port).
+        stats = self._core.stats
+        counters = (
+            ("fake_engine:lmcache_pd_pushes", "PD pushes every TP rank completed and notified.",
+             stats.pd_pushes),
+            ("fake_engine:lmcache_pd_push_failures", "PD pushes a TP rank failed (no notification).",
+             stats.pd_push_failures),
+            ("fake_engine:lmcache_pd_rejected_chunks", "Chunks the PD receiver refused (buffer full).",
+             stats.pd_rejected_chunks),
+            ("fake_engine:lmcache_pd_loaded_tokens", "Prompt tokens loaded from the PD buffer.",
+             stats.pd_loaded_tokens),
+        )  # fmt: skip
+        for name, doc, value in counters:
+            counter = CounterMetricFamily(name, doc, labels=LABELS)
+            counter.add_metric(self._labels, value)
+            yield counter
 
 
 class EngineMetrics:

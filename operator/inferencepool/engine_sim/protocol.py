@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from inferencepool.engine_sim.core import RemotePrefill
+from inferencepool.engine_sim.core import DisaggSpec, RemotePrefill
 from inferencepool.engine_sim.tokenizer import Tokenizer, prompt_seed, render_chat
 
 Kind = Literal["completion", "chat"]
@@ -53,6 +53,8 @@ class GenerationRequest:
     remote_prefill: RemotePrefill | None
     remote_decode: bool
     seed: int
+    disagg: DisaggSpec | None = None  # LMCache PD: push the prompt's KV to this decode engine
+    ret_first_tok: bool = False  # LMCache PD: answer the first token's id in kv_transfer_params
 
 
 def parse_json_body(raw: bytes) -> dict[str, Any]:
@@ -135,6 +137,7 @@ def parse_generation(
     if stream_options and not stream:
         raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
     remote_prefill, remote_decode = parse_kv_transfer_params(body.get("kv_transfer_params"))
+    disagg, ret_first_tok = parse_lmcache_pd_params(body.get("kv_transfer_params"))
     return GenerationRequest(
         kind=kind,
         model=model,
@@ -146,6 +149,8 @@ def parse_generation(
         remote_prefill=remote_prefill,
         remote_decode=remote_decode,
         seed=seed,
+        disagg=disagg,
+        ret_first_tok=ret_first_tok,
     )
 
 
@@ -174,6 +179,43 @@ def parse_kv_transfer_params(params: object) -> tuple[RemotePrefill | None, bool
             return None, False
         return remote, False
     return None, bool(params.get("do_remote_decode"))
+
+
+def parse_lmcache_pd_params(params: object) -> tuple[DisaggSpec | None, bool]:
+    """LMCacheConnectorV1's fields: `disagg_spec` (where to push the KV) and `ret_first_tok`.
+
+    LMCache reads disagg_spec["req_id"], ["receiver_host"], ["receiver_init_port"][rank] and
+    ["receiver_alloc_port"][rank] (vllm_v1_adapter.py update_state_after_alloc, pd_backend_async.py); a spec
+    without them breaks its scheduler or worker, so the fake answers 400 naming the field instead.
+    """
+    if not isinstance(params, dict):
+        return None, False
+    ret_first_tok = "ret_first_tok" in params  # LMCache checks presence, not value
+    spec = params.get("disagg_spec")
+    if spec is None:
+        return None, ret_first_tok
+    param = "kv_transfer_params.disagg_spec"
+    if not isinstance(spec, dict):
+        raise bad_request(f"{param} must be an object", param)
+    req_id, host = spec.get("req_id"), spec.get("receiver_host")
+    if not isinstance(req_id, str) or not req_id:
+        raise bad_request(f"{param}.req_id must be a non-empty string", f"{param}.req_id")
+    if not isinstance(host, str) or not host:
+        raise bad_request(f"{param}.receiver_host must be a non-empty string", f"{param}.receiver_host")
+    ports: list[tuple[int, ...]] = []
+    for key in ("receiver_init_port", "receiver_alloc_port"):
+        value = spec.get(key)
+        if (
+            not isinstance(value, list)
+            or not value
+            or not all(isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536 for p in value)
+        ):
+            raise bad_request(
+                f"{param}.{key} must be a non-empty list of ports, one per TP rank; got {value!r}",
+                f"{param}.{key}",
+            )
+        ports.append(tuple(value))
+    return DisaggSpec(req_id, host, ports[0], ports[1]), ret_first_tok
 
 
 def _flatten_block_ids(value: object) -> tuple[int, ...]:

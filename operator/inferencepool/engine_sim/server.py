@@ -11,6 +11,15 @@ Two listeners, as vLLM has:
   wrong engine, unknown or expired request), and the decode engine then pays the modelled transfer time. Its
   /lmcache/chunks lists the prefix chunks this engine's LMCache CPU tier holds, which p2p peers mirror into
   their prefix index.
+- LMCache PD mode (enable_pd). A receiver (decode, pd_role receiver) listens on pd_peer_init_port[rank] and
+  pd_peer_alloc_port[rank] for every TP rank, at pd_peer_host; real LMCache answers a NIXL handshake on the
+  first and allocation requests (msgpack over ZMQ) on the second, then senders write by RDMA. The fake answers
+  HTTP: GET /lmcache/pd/init (handshake) and POST /lmcache/pd/alloc {"req_id", "keys"} (the chunk hashes
+  pushed; the port says which rank). A sender (prefill, pd_role sender) pushes the prompt of every request
+  whose kv_transfer_params carry a disagg_spec once its prefill is done, without holding up the HTTP answer
+  (LMCache's async PD backend does the same), pays the modelled NIXL transfer time, and then sends one
+  msgpack ProxyNotif per TP rank over a real ZMQ PUSH socket to pd_proxy_host:pd_proxy_port, exactly as
+  LMCache encodes it. A rank whose push fails sends nothing, as in LMCache.
 """
 
 from __future__ import annotations
@@ -30,11 +39,12 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from inferencepool import __version__
-from inferencepool.engine_sim import protocol
+from inferencepool.engine_sim import protocol, timing
 from inferencepool.engine_sim.core import (
     EngineCore,
     EngineRequest,
     LmcacheSettings,
+    PdPush,
     RemoteRead,
     RequestFailed,
     TokenEvent,
@@ -53,6 +63,29 @@ CUT_OPEN_STREAMS_AFTER_S = 0.5
 # A step may start this far behind schedule and still be charged from where the previous one ended, so timer
 # overshoot of asyncio.sleep does not accumulate into ITL; beyond it the engine is CPU-bound and time slips.
 SCHEDULE_SLACK_S = 0.003
+
+
+@dataclass(frozen=True)
+class PdConfig:
+    """LMCache PD mode's sockets (the buffer size and role also go to LmcacheSettings for the core)."""
+
+    role: str  # "sender" (prefill) or "receiver" (decode)
+    peer_host: str = "127.0.0.1"  # receiver: where it listens (pd_peer_host, the pod IP)
+    init_ports: tuple[int, ...] = (0,)  # receiver: pd_peer_init_port, one per TP rank (0: any free port)
+    alloc_ports: tuple[int, ...] = (0,)  # receiver: pd_peer_alloc_port
+    proxy_host: str | None = None  # sender: pd_proxy_host, the router
+    proxy_port: int | None = None  # sender: pd_proxy_port
+    push_timeout_s: float = 5.0  # sender: how long one rank waits for the receiver's answer
+
+    def __post_init__(self) -> None:
+        if self.role == "sender" and (self.proxy_host is None or self.proxy_port is None):
+            raise ValueError("an LMCache PD sender needs pd_proxy_host and pd_proxy_port")
+        if self.role == "receiver" and (not self.init_ports or len(self.init_ports) != len(self.alloc_ports)):
+            raise ValueError(
+                "an LMCache PD receiver needs one pd_peer_init_port and pd_peer_alloc_port per rank"
+            )
+        if self.role not in ("sender", "receiver"):
+            raise ValueError(f'pd_role must be "sender" or "receiver", got {self.role!r}')
 
 
 @dataclass
@@ -76,6 +109,7 @@ class EngineConfig:
     time_scale: float = 1.0
     tokenizer: Tokenizer = field(default_factory=EstimateTokenizer)
     role: str = "both"
+    pd: PdConfig | None = None  # LMCache PD mode (needs lmcache with the same pd_role)
 
 
 @dataclass
@@ -89,6 +123,18 @@ class FakeEngine:
     def __init__(self, config: EngineConfig) -> None:
         if config.time_scale <= 0:
             raise ValueError("time scale must be > 0")
+        pd_role = config.lmcache.pd_role if config.lmcache else None
+        if (config.pd.role if config.pd else None) != pd_role:
+            raise ValueError("LMCache PD mode needs both EngineConfig.pd and LmcacheSettings.pd_role, alike")
+        if (
+            config.pd
+            and config.pd.role == "receiver"
+            and len(config.pd.init_ports) < config.profile.tensor_parallel
+        ):
+            raise ValueError(
+                f"pd_peer_init_port/pd_peer_alloc_port need one port per TP rank "
+                f"({config.profile.tensor_parallel}), got {len(config.pd.init_ports)}"
+            )
         self.config = config
         self.prefix_index = SharedPrefixIndex() if config.lmcache and config.lmcache.p2p else None
         self.core = EngineCore(
@@ -115,6 +161,13 @@ class FakeEngine:
         self._ids = itertools.count()
         self.port: int | None = None
         self.side_channel_port: int | None = None
+        # LMCache PD: the receiver's bound ports (rank order), the sender's PUSH sockets (one per rank)
+        self.pd_init_ports: list[int] = []
+        self.pd_alloc_ports: list[int] = []
+        self._pd_rank_by_alloc_port: dict[int, int] = {}
+        self._pd_context: Any = None
+        self._pd_sockets: list[Any] = []
+        self._pd_peers: set[tuple[str, int]] = set()
 
     # ----- lifecycle -----
 
@@ -123,6 +176,10 @@ class FakeEngine:
         self._loop_task = asyncio.create_task(self._engine_loop(), name="engine-loop")
         if self.config.nixl or self.config.lmcache:
             self.side_channel_port = await self._start_side_channel()
+        if self.config.pd is not None and self.config.pd.role == "receiver":
+            await self._start_pd_receiver(self.config.pd)
+        if self.config.pd is not None and self.config.pd.role == "sender":
+            self._start_pd_sender(self.config.pd)
         runner = web.AppRunner(
             self.api_app(), access_log=None, handle_signals=False, shutdown_timeout=CUT_OPEN_STREAMS_AFTER_S
         )
@@ -171,6 +228,46 @@ class FakeEngine:
             await site.start()
         return _bound_port(site)
 
+    async def _start_pd_receiver(self, pd: PdConfig) -> None:
+        app = web.Application()
+        app.router.add_get("/lmcache/pd/init", self._handle_pd_init)
+        app.router.add_post("/lmcache/pd/alloc", self._handle_pd_alloc)
+        runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=CUT_OPEN_STREAMS_AFTER_S
+        )
+        await runner.setup()
+        self._runners.append(runner)
+        for rank in range(self.config.profile.tensor_parallel):
+            init_site = web.TCPSite(runner, pd.peer_host, pd.init_ports[rank])
+            alloc_site = web.TCPSite(runner, pd.peer_host, pd.alloc_ports[rank])
+            await init_site.start()  # a busy port fails the engine, as LMCache's bind would
+            await alloc_site.start()
+            self.pd_init_ports.append(_bound_port(init_site))
+            self.pd_alloc_ports.append(_bound_port(alloc_site))
+            self._pd_rank_by_alloc_port[self.pd_alloc_ports[-1]] = rank
+        log.info(
+            "LMCache PD receiver on %s: init ports %s, alloc ports %s",
+            pd.peer_host,
+            self.pd_init_ports,
+            self.pd_alloc_ports,
+        )
+
+    def _start_pd_sender(self, pd: PdConfig) -> None:
+        import zmq
+        import zmq.asyncio
+
+        self._pd_context = zmq.asyncio.Context()
+        host = f"[{pd.proxy_host}]" if pd.proxy_host and ":" in pd.proxy_host else pd.proxy_host
+        for _ in range(self.config.profile.tensor_parallel):
+            # one socket per TP rank, as each LMCache worker process connects its own
+            socket = self._pd_context.socket(zmq.PUSH)
+            socket.setsockopt(zmq.LINGER, 0)
+            if host and host.startswith("["):
+                socket.setsockopt(zmq.IPV6, 1)
+            socket.connect(f"tcp://{host}:{pd.proxy_port}")
+            self._pd_sockets.append(socket)
+        log.info("LMCache PD sender: ProxyNotif to %s:%s", pd.proxy_host, pd.proxy_port)
+
     async def drain(self, timeout_s: float) -> bool:
         """Stop accepting requests and wait (bounded) for in-flight ones; True when all finished."""
         self._draining = True
@@ -194,6 +291,10 @@ class FakeEngine:
             await runner.cleanup()
         if self._session is not None:
             await self._session.close()
+        for socket in self._pd_sockets:
+            socket.close()
+        if self._pd_context is not None:
+            self._pd_context.term()
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -232,6 +333,8 @@ class FakeEngine:
             previous_end = step.end
             for event in self.core.complete(step):
                 self._deliver(event)
+            for push in self.core.take_pd_pushes():
+                self._spawn(self._pd_push(push))
 
     def _deliver(self, event: TokenEvent | RequestFailed) -> None:
         stream = self._streams.get(event.request_id)
@@ -280,6 +383,62 @@ class FakeEngine:
             self._deliver(failure)
         self._wake.set()
 
+    async def _pd_push(self, push: PdPush) -> None:
+        ranks = range(self.config.profile.tensor_parallel)
+        results = await asyncio.gather(*(self._pd_push_rank(push, rank) for rank in ranks))
+        if all(results):
+            self.core.stats.pd_pushes += 1
+        else:
+            self.core.stats.pd_push_failures += 1
+
+    async def _pd_push_rank(self, push: PdPush, rank: int) -> bool:
+        """One TP rank's push: handshake (once per receiver), allocation, transfer, then its ProxyNotif."""
+        import msgpack  # type: ignore[import-untyped]  # ships no type hints
+
+        assert self._session is not None and self.config.pd is not None
+        spec = push.spec
+        host = _url_host(spec.receiver_host)
+        init_port, alloc_port = spec.receiver_init_ports[rank], spec.receiver_alloc_ports[rank]
+        timeout = ClientTimeout(total=self.config.pd.push_timeout_s)
+        where = f"{spec.receiver_host} (init port {init_port}, alloc port {alloc_port})"
+        try:
+            if (spec.receiver_host, init_port) not in self._pd_peers:
+                async with self._session.get(
+                    f"http://{host}:{init_port}/lmcache/pd/init", timeout=timeout
+                ) as response:
+                    response.raise_for_status()
+                self._pd_peers.add((spec.receiver_host, init_port))
+            payload = {"req_id": spec.req_id, "keys": [key.hex() for key in push.chunk_keys]}
+            async with self._session.post(
+                f"http://{host}:{alloc_port}/lmcache/pd/alloc", json=payload, timeout=timeout
+            ) as response:
+                response.raise_for_status()
+                answer = await response.json()
+        except (ClientError, TimeoutError, ValueError) as exc:
+            log.warning(
+                "LMCache PD push of request %s (rank %d) to %s failed: %s: %s",
+                spec.req_id,
+                rank,
+                where,
+                exc.__class__.__name__,
+                exc,
+            )
+            return False
+        if not answer.get("accepted"):
+            log.warning(
+                "LMCache PD push of request %s (rank %d) refused by %s: %s",
+                spec.req_id,
+                rank,
+                where,
+                answer.get("reason", "no reason given"),
+            )
+            return False
+        transfer_s = timing.nixl_transfer_time(self.config.profile, push.tokens)
+        await asyncio.sleep(transfer_s * self.config.time_scale)
+        notif = msgpack.packb({"type": "ProxyNotif", "req_id": spec.req_id})  # LMCache's msgspec bytes
+        await self._pd_sockets[rank].send(notif)
+        return True
+
     async def _mirror_peers(self) -> None:
         """Keep the p2p prefix index in step with peers' LMCache CPU tiers (as LMCache's controller does)."""
         assert self._session is not None and self.prefix_index is not None
@@ -314,6 +473,32 @@ class FakeEngine:
             return _json(protocol.error_body(404, "NotFoundError", str(exc.args[0])), 404)
         self._wake.set()
         return _json({"prompt_tokens": release.prompt_tokens, "engine_id": self.config.engine_id})
+
+    async def _handle_pd_init(self, request: web.Request) -> web.Response:
+        return _json({"engine_id": self.config.engine_id})
+
+    async def _handle_pd_alloc(self, request: web.Request) -> web.Response:
+        sockname = request.transport.get_extra_info("sockname") if request.transport else None
+        rank = self._pd_rank_by_alloc_port.get(sockname[1]) if sockname else None
+        if rank is None:
+            message = "allocation requests go to a pd_peer_alloc_port, not an init port"
+            return _json(protocol.error_body(404, "NotFoundError", message), 404)
+        try:
+            body = protocol.parse_json_body(await request.read())
+            keys = [bytes.fromhex(str(k)) for k in body["keys"]]
+        except protocol.ApiError as exc:
+            return _json(exc.body(), exc.status)
+        except (KeyError, TypeError, ValueError) as exc:
+            return _json(protocol.error_body(400, "BadRequestError", f"malformed alloc request: {exc}"), 400)
+        if self.core.pd_offer(rank, keys):
+            return _json({"accepted": True})
+        assert self.core.pd_buffer is not None
+        reason = (
+            f"PD buffer full: {len(keys)} chunks do not fit beside {len(self.core.pd_buffer)} of "
+            f"{self.core.pd_buffer.capacity_chunks}"
+        )
+        log.warning("LMCache PD receiver refused request %s: %s", body.get("req_id"), reason)
+        return _json({"accepted": False, "reason": reason})
 
     async def _handle_lmcache_chunks(self, request: web.Request) -> web.Response:
         return _json(
@@ -424,6 +609,7 @@ class FakeEngine:
                 self.config.tokenizer,
                 self.config.profile.max_model_len,
             )
+            self._check_disagg(req)
         except protocol.ApiError as exc:
             return _json(exc.body(), exc.status)
         request_id = self._new_request_id(request, kind)
@@ -439,6 +625,7 @@ class FakeEngine:
                     finish_reason=req.finish_reason,
                     remote_prefill=req.remote_prefill,
                     remote_decode=req.remote_decode,
+                    disagg=req.disagg,
                 ),
                 self._model_now(),
             )
@@ -455,6 +642,21 @@ class FakeEngine:
             if not finished:
                 self.core.abort(request_id)
                 self._wake.set()
+
+    def _check_disagg(self, req: protocol.GenerationRequest) -> None:
+        tp = self.config.profile.tensor_parallel
+        pd = self.config.pd
+        if req.disagg is None or pd is None or pd.role != "sender":
+            return
+        if min(len(req.disagg.receiver_init_ports), len(req.disagg.receiver_alloc_ports)) < tp:
+            param = "kv_transfer_params.disagg_spec"
+            raise protocol.bad_request(
+                f"{param} needs one receiver_init_port and receiver_alloc_port per TP rank ({tp})", param
+            )
+
+    def _first_token_id(self, req: protocol.GenerationRequest) -> int:
+        ids = self.config.tokenizer.encode(self.config.tokenizer.output_piece(req.seed, 0))
+        return ids[0] if ids else 0
 
     async def _full_response(
         self, req: protocol.GenerationRequest, request_id: str, stream: _Stream, headers: dict[str, str]
@@ -479,6 +681,8 @@ class FakeEngine:
                     self.side_channel_port or self.config.side_channel_port,
                     self.config.profile.tensor_parallel,
                 )
+            elif req.ret_first_tok:
+                kv_params = {"first_tok": self._first_token_id(req)}  # LMCache's request_finished
             body = protocol.full_response(
                 req, request_id, "".join(pieces), len(pieces), event.finish_reason, kv_params
             )

@@ -89,6 +89,14 @@ def nixl_transfer_time(profile: EngineProfile, tokens: int) -> float:
     return kv_transfer_time(profile, tokens, profile.hardware.kv_link_bytes_per_s)
 
 
+def device_copy_time(profile: EngineProfile, tokens: int) -> float:
+    """KV already on the GPU (LMCache's PD buffer) copied into vLLM's paged cache: read and write in HBM."""
+    if profile.zero_compute or tokens <= 0:
+        return 0.0
+    kv_bytes = tokens * profile.model.kv_bytes_per_token / profile.tensor_parallel
+    return 2.0 * kv_bytes / (profile.hardware.hbm_bytes_per_s * profile.bandwidth_efficiency)
+
+
 def host_load_time(profile: EngineProfile, tokens: int) -> float:
     """LMCache CPU tier -> GPU over the host link."""
     if profile.zero_compute or tokens <= 0:
