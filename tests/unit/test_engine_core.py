@@ -8,13 +8,14 @@ import pytest
 
 from inferencepool.engine_sim import timing
 from inferencepool.engine_sim.core import (
+    DisaggSpec,
     EngineCore,
     EngineRequest,
     LmcacheSettings,
     RemotePrefill,
     RemoteRead,
 )
-from inferencepool.engine_sim.kv import BlockPool, SharedPrefixIndex, chunk_hashes
+from inferencepool.engine_sim.kv import BlockPool, PdBuffer, SharedPrefixIndex, chunk_hashes
 from inferencepool.engine_sim.profiles import EngineProfile, get_profile
 from inferencepool.engine_sim.virtual import run_virtual
 
@@ -282,3 +283,40 @@ def test_the_timing_core_imports_no_io_library() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_pd_buffer_needs_every_rank_and_refuses_what_does_not_fit() -> None:
+    keys = chunk_hashes(prompt(7, 1024))  # 4 chunks
+    buffer = PdBuffer(capacity_chunks=5, ranks=2)
+    assert buffer.offer(0, keys)
+    assert keys[0] not in buffer  # rank 1's shard is still missing
+    assert buffer.offer(1, keys)
+    assert all(key in buffer for key in keys)
+    assert not buffer.offer(0, chunk_hashes(prompt(8, 512)))  # 4 + 2 > 5: refused whole
+    assert len(buffer) == 4
+    buffer.take(keys[:2])
+    assert keys[0] not in buffer and keys[2] in buffer
+    with pytest.raises(ValueError, match=r"rank 2 outside 0\.\.1"):
+        buffer.offer(2, keys)
+
+
+def test_pd_sender_pushes_only_disagg_requests_and_receiver_loads_them() -> None:
+    sender = EngineCore(H100, "p", lmcache=LmcacheSettings(0, load=False, pd_role="sender"))
+    receiver = EngineCore(
+        H100, "d", lmcache=LmcacheSettings(0, save=False, pd_role="receiver", pd_buffer_chunks=100)
+    )
+    spec = DisaggSpec("req-1", "10.0.0.2", (7300,), (7400,))
+    tokens = prompt(3, 3000)
+    run_virtual(sender, [(0.0, EngineRequest("plain", prompt(4, 600), 1))])
+    assert sender.take_pd_pushes() == []  # no disagg_spec: LMCache pushes nothing
+    run_virtual(sender, [(0.0, EngineRequest("pd", tokens, 1, disagg=spec))])
+    (push,) = sender.take_pd_pushes()
+    assert push.spec == spec and push.tokens == 3000 and len(push.chunk_keys) == 11
+
+    cold = run_virtual(EngineCore(H100, "x"), [(0.0, EngineRequest("c", tokens, 1))])["c"].ttft
+    assert receiver.pd_offer(0, push.chunk_keys)
+    warm = run_virtual(receiver, [(0.0, EngineRequest("d", tokens, 2))])["d"].ttft
+    assert receiver.stats.external_prefix_cache_hits == receiver.stats.pd_loaded_tokens == 11 * 256
+    assert warm < cold / 5
+    assert receiver.pd_buffer is not None and len(receiver.pd_buffer) == 0  # loaded chunks leave the buffer
+    assert receiver.cpu_chunks() == []  # a kv_consumer saves nothing
