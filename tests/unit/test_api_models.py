@@ -239,8 +239,26 @@ def test_lmcache_pd_mode_without_p2p_is_valid_and_turns_lmcache_on() -> None:
     spec = gpu_spec()
     spec["kvTransfer"]["connector"] = "LMCachePD"
     del spec["kvCache"]
+    spec["router"]["replicas"] = 1
     parsed = InferencePoolSpec.model_validate(spec)
     assert parsed.uses_lmcache() and not parsed.p2p_enabled()
+
+
+@pytest.mark.parametrize(
+    ("connector", "replicas", "valid"), [("LMCachePD", 2, False), ("LMCachePD", 1, True), ("Nixl", 2, True)]
+)
+def test_lmcache_pd_mode_needs_a_single_router(connector: str, replicas: int, valid: bool) -> None:
+    # LMCache's prefill engines notify one address; a second router pod would miss half the notifications.
+    spec = gpu_spec()
+    spec["kvTransfer"]["connector"] = connector
+    del spec["kvCache"]
+    spec.setdefault("router", {})["replicas"] = replicas
+    if valid:
+        assert InferencePoolSpec.model_validate(spec).router.replicas == replicas
+        return
+    with pytest.raises(ValidationError) as raised:
+        InferencePoolSpec.model_validate(spec)
+    assert "spec.router.replicas must be 1 when spec.kvTransfer.connector is LMCachePD" in str(raised.value)
 
 
 def test_set_condition_moves_transition_time_only_on_status_change() -> None:

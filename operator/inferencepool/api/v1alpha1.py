@@ -576,8 +576,13 @@ def _kv_rules() -> list[SpecRule]:
     p2p = "self.kvCache.p2p"
     p2p_on = f"has(self.kvCache) && has({p2p}) && has({p2p}.enabled) && {p2p}.enabled"
 
+    router_replicas = "(has(self.router) && has(self.router.replicas) ? self.router.replicas : 1)"
+
     def pd_mode_without_p2p(spec: InferencePoolSpec) -> bool:
         return spec.kv_transfer.connector != "LMCachePD" or not spec.p2p_enabled()
+
+    def pd_mode_single_router(spec: InferencePoolSpec) -> bool:
+        return spec.kv_transfer.connector != "LMCachePD" or spec.router.replicas <= 1
 
     return [
         SpecRule(
@@ -585,7 +590,18 @@ def _kv_rules() -> list[SpecRule]:
             cel=f"!({pd_mode}) || !({p2p_on})",
             message="spec.kvCache.p2p.enabled must be false when spec.kvTransfer.connector is LMCachePD",
             holds=pd_mode_without_p2p,
-        )
+        ),
+        # LMCache's prefill engines send their ProxyNotif to one address (pd_proxy_host, the router Service):
+        # with two router pods half the notifications would reach a pod that is not waiting for them.
+        SpecRule(
+            field="router.replicas",
+            cel=f"!({pd_mode}) || {router_replicas} <= 1",
+            message=(
+                "spec.router.replicas must be 1 when spec.kvTransfer.connector is LMCachePD (prefill engines "
+                "notify a single router address)"
+            ),
+            holds=pd_mode_single_router,
+        ),
     ]
 
 
