@@ -231,14 +231,22 @@ async def test_sigterm_drains_in_flight_streams_then_exits() -> None:
                 await router.wait()
 
 
-async def test_unimplemented_lmcache_pd_transfer_is_served_colocated_and_counted() -> None:
+async def test_lmcache_pd_push_that_never_arrives_is_served_by_the_chosen_decode_pod() -> None:
+    """A prefill pod that answers but never reports its KV push (here: one not in PD mode)."""
     async with engines(["prefill", "decode"]) as (prefill, decode):
-        config = config_for([prefill], [decode], policy="AlwaysDisaggregate", transferMode="LMCachePD")
+        config = config_for(
+            [prefill],
+            [decode],
+            policy="AlwaysDisaggregate",
+            transferMode="LMCachePD",
+            lmcachePd={"proxyPort": 0},
+            timeouts={"kvPushSeconds": 1},
+        )
         async with running_router(config) as router:
             status, _, headers = await complete(router.url, LONG_PROMPT)
             assert status == 200 and headers["X-Inferencepool-Route"] == "fallback"
-            assert (await engine_requests(prefill), await engine_requests(decode)) == (0, 1)
-            reason = "transfer_mode_unsupported"
+            assert (await engine_requests(prefill), await engine_requests(decode)) == (1, 1)
+            reason = "kv_push_timeout"
             assert await metric_sum(router.url, "inferencepool_router_fallbacks", reason=reason) == 1
 
 

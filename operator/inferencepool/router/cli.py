@@ -110,12 +110,6 @@ async def _main(config: RouterConfig, host: str, port: int) -> int:
     from inferencepool.router.discovery import PodWatcher, static_pods
     from inferencepool.router.server import Router, counter_for, serve
 
-    if config.transfer_mode != "Nixl":
-        logging.getLogger("inferencepool.router").error(
-            "transferMode %s is not implemented by this router: every request is served colocated on decode "
-            'pods (counted in inferencepool_router_fallbacks_total{reason="transfer_mode_unsupported"})',
-            config.transfer_mode,
-        )
     router = Router(config, counter_for(config))
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

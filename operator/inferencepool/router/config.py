@@ -107,7 +107,10 @@ class LMCachePDConfig(_Model):
     """Ports for LMCache PD mode (read only when kvTransfer.connector is LMCachePD)."""
 
     proxy_port: Annotated[
-        int, Field(ge=1, le=65535, description="ZMQ PULL port the router binds (pd_proxy_port)")
+        int,
+        Field(
+            ge=0, le=65535, description="ZMQ PULL port the router binds (pd_proxy_port); 0 picks a free one"
+        ),
     ] = 7500
     receiver_init_ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
         default_factory=lambda: [7300], description="decode pods' pd_peer_init_port, one per TP rank"
@@ -134,6 +137,14 @@ class TimeoutsConfig(_Model):
     idle_stream_seconds: Annotated[
         int, Field(ge=1, description="longest silence between two streamed chunks")
     ] = 300
+    kv_push_seconds: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="LMCache PD mode: how long the decode leg waits for the prefill engine's KV push "
+            "notification after the prefill leg answered; then the decode pod prefills by itself",
+        ),
+    ] = 30
     drain_seconds: Annotated[
         int, Field(ge=0, description="on SIGTERM: how long in-flight requests may finish")
     ] = 120
@@ -154,8 +165,10 @@ class StaticBackends(_Model):
     def _urls_look_like_urls(self) -> Self:
         for role, urls in (("prefill", self.prefill), ("decode", self.decode)):
             for url in urls:
-                if not url.startswith(("http://", "https://")):
-                    raise ValueError(f"static.{role}: {url!r} is not an http(s) URL")
+                if not url.startswith("http://"):
+                    raise ValueError(
+                        f"static.{role}: {url!r} is not an http:// URL (engines serve plain HTTP)"
+                    )
         return self
 
 

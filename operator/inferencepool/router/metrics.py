@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from inferencepool.router.pods import PodSet
@@ -54,13 +54,15 @@ class LiveState:
     counter_kind: Callable[[], str]
     counter_source: Callable[[], str]
     chars_per_token: Callable[[], float]
+    # LMCache PD mode: ProxyNotif messages by outcome (received, malformed, unclaimed); empty otherwise.
+    kv_push_notifications: Callable[[], dict[str, int]]
 
 
 class _LiveCollector(Collector):
     def __init__(self, state: LiveState) -> None:
         self._state = state
 
-    def collect(self) -> Iterator[GaugeMetricFamily | InfoMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | InfoMetricFamily]:
         in_flight = GaugeMetricFamily(
             f"{PREFIX}_in_flight_requests",
             "Requests the router has open on each engine pod",
@@ -94,6 +96,16 @@ class _LiveCollector(Collector):
         )
         ratio.add_metric([], self._state.chars_per_token())
         yield ratio
+        notifications = self._state.kv_push_notifications()
+        if notifications:
+            family = CounterMetricFamily(
+                f"{PREFIX}_kv_push_notifications",
+                "LMCache PD mode: ProxyNotif messages from prefill engines, by outcome",
+                labels=["outcome"],
+            )
+            for outcome, count in notifications.items():
+                family.add_metric([outcome], count)
+            yield family
 
 
 class RouterMetrics:
@@ -171,5 +183,5 @@ class RouterMetrics:
         self.requests_by_route = {route: self.requests.labels(route.value) for route in Route}
         self.ttft_by_route = {route: self.ttft.labels(route.value) for route in Route}
         self.itl_by_route = {route: self.itl.labels(route.value) for route in Route}
-        for reason in ("no_prefill_pod", "prefill_failed", "transfer_mode_unsupported"):
+        for reason in ("no_prefill_pod", "prefill_failed", "kv_push_timeout"):
             self.fallbacks.labels(reason)

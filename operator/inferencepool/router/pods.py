@@ -14,6 +14,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
+from urllib.parse import urlsplit
 
 EngineRole = Literal["prefill", "decode"]
 ROLES: tuple[EngineRole, ...] = ("prefill", "decode")
@@ -49,6 +50,11 @@ class Pod:
     outstanding: int = 0
     consecutive_failures: int = 0
     cooldown_until: float = 0.0
+
+    @property
+    def host(self) -> str:
+        """The pod's address (its IP in a cluster), as in `url`."""
+        return urlsplit(self.url).hostname or ""
 
     @property
     def accepts_new(self) -> bool:

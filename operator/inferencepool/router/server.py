@@ -31,6 +31,7 @@ from inferencepool.router.http1 import (
     UpstreamFailure,
     UpstreamResponse,
 )
+from inferencepool.router.lmcache_pd import PDNotifications
 from inferencepool.router.metrics import LiveState, RouterMetrics
 from inferencepool.router.pods import EngineRole, Pod, PodSet
 from inferencepool.router.policy import Route, choose_route
@@ -106,6 +107,7 @@ class Router:
                 chars_per_token=lambda: (
                     self.counter.chars_per_token if isinstance(self.counter, EstimateCounter) else 0.0
                 ),
+                kv_push_notifications=self._notification_counts,
             )
         )
         self.draining = False
@@ -118,9 +120,7 @@ class Router:
         self._prefill_samples = SampleWindow()
         self._itl_samples = SampleWindow()
         self._adaptive = config.adaptive_threshold.enabled and config.policy == "LengthAware"
-        # LMCache PD mode (disagg_spec + ZMQ notifications) is not implemented yet: such pools are served
-        # colocated, every request counted as a fallback, rather than not served at all.
-        self._can_transfer = config.transfer_mode == "Nixl"
+        self._notifications: PDNotifications | None = None  # LMCache PD mode only
         self._calibrating = isinstance(counter, EstimateCounter)
         self._calibration_candidate: tuple[Endpoint, dict[str, Any], Prompt] | None = None
         tuning = config.prefix_affinity
@@ -128,7 +128,12 @@ class Router:
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, host: str) -> None:
+        """Open what the router needs before it takes requests (on `host`: LMCache PD's notification
+        socket)."""
+        if self.config.transfer_mode == "LMCachePD":
+            self._notifications = PDNotifications()
+            await self._notifications.start(host, self.config.lmcache_pd.proxy_port)
         timeouts = self.config.timeouts
         self._upstream = Upstream(timeouts.connect_milliseconds / 1000, timeouts.idle_stream_seconds)
         self._routes = {
@@ -150,6 +155,19 @@ class Router:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._upstream is not None:
             self._upstream.close()
+        if self._notifications is not None:
+            await self._notifications.close()
+
+    @property
+    def kv_push_port(self) -> int | None:
+        """The bound port of LMCache PD's notification socket (None in NIXL mode)."""
+        return self._notifications.port if self._notifications is not None else None
+
+    def _notification_counts(self) -> dict[str, int]:
+        if self._notifications is None:
+            return {}
+        stats = self._notifications.stats
+        return {"received": stats.received, "malformed": stats.malformed, "unclaimed": stats.unclaimed}
 
     def begin_drain(self) -> None:
         """Stop being ready; requests already accepted (and ones still arriving) are served."""
@@ -262,9 +280,6 @@ class Router:
         route = choose_route(self.config.policy, tokens, self.threshold, self.pods.has_available("prefill"))
         if route is Route.FALLBACK:
             self.metrics.fallbacks.labels("no_prefill_pod").inc()
-        elif route is Route.DISAGGREGATED and not self._can_transfer:
-            route = Route.FALLBACK
-            self.metrics.fallbacks.labels("transfer_mode_unsupported").inc()
         affinity = (
             self.counter.affinity_key(prompt, self._affinity_tokens)
             if self.config.prefix_affinity.enabled
@@ -279,11 +294,14 @@ class Router:
         path = request.path
         decode_payload: bytes = raw
         decode_affinity = affinity
+        decode_pod: Pod | None = None
         if route is Route.DISAGGREGATED:
-            transferred = await self._prefill(path, body, headers, affinity)
+            if self._notifications is None:
+                transferred = await self._prefill(path, body, headers, affinity)
+            else:
+                transferred, decode_pod = await self._push_prefill(path, body, headers, affinity)
             if transferred is None:
-                route = Route.FALLBACK
-                self.metrics.fallbacks.labels("prefill_failed").inc()
+                route = Route.FALLBACK  # counted by reason where it failed
             else:
                 decode_payload = transferred
                 # The KV arrives from the prefill pod, so the decode pod's own prefix cache does not matter.
@@ -291,7 +309,7 @@ class Router:
         self.metrics.requests_by_route[route].inc()
         timeout = self.config.timeouts.first_byte_seconds
         leg = await self._open(
-            "decode", path, decode_payload, headers, decode_affinity, prompt.stream, timeout
+            "decode", path, decode_payload, headers, decode_affinity, prompt.stream, timeout, decode_pod
         )
         try:
             await self._relay(reply, leg, route, prompt.stream, started)
@@ -313,25 +331,91 @@ class Router:
             )
         except UpstreamError as error:
             log.warning("prefill leg failed, serving colocated: %s", error)
+            self.metrics.fallbacks.labels("prefill_failed").inc()
             return None
+        answer = await self._prefill_answer(leg)
+        if answer is None:
+            return None
+        try:
+            decode_body = handshake.nixl_decode_body(body, answer)
+        except ValueError as error:
+            log.warning("prefill leg on %s failed, serving colocated: %s", leg.pod.name, error)
+            self.metrics.upstream_errors.labels(leg.pod.name, leg.pod.role, "protocol").inc()
+            self.metrics.fallbacks.labels("prefill_failed").inc()
+            return None
+        self._prefill_done(started)
+        return orjson.dumps(decode_body)
+
+    async def _push_prefill(
+        self, path: str, body: dict[str, Any], headers: list[tuple[str, str]], affinity: int | None
+    ) -> tuple[bytes | None, Pod | None]:
+        """LMCache PD mode: choose the decode pod first, have the prefill pod push the KV to it, and wait
+        for every TP rank's notification. Returns the decode leg's body and its pod, or (None, None) when
+        the request should be served colocated (counted here)."""
+        assert self._notifications is not None
+        settings = self.config.lmcache_pd
+        decode_pod = self.pods.pick("decode", time.monotonic())
+        if decode_pod is None:
+            return None, None  # the decode leg will say no decode pod is ready
+        # The router's own id: a client's X-Request-Id may repeat, a transfer id must not.
+        transfer_id = uuid.uuid4().hex
+        pushed = self._notifications.expect(transfer_id, len(settings.receiver_init_ports))
+        payload = orjson.dumps(handshake.lmcache_prefill_body(body, transfer_id, decode_pod.host, settings))
+        started = time.monotonic()
+        try:
+            leg = await self._open(
+                "prefill", path, payload, headers, affinity, False, self.config.timeouts.prefill_seconds
+            )
+        except UpstreamError as error:
+            log.warning("prefill leg failed, serving colocated: %s", error)
+            self.metrics.fallbacks.labels("prefill_failed").inc()
+            self._notifications.discard(transfer_id)
+            return None, None
+        except BaseException:
+            self._notifications.discard(transfer_id)
+            raise
+        if await self._prefill_answer(leg) is None:
+            self._notifications.discard(transfer_id)
+            return None, None
+        try:
+            # The engine answers once prefill is done; its push to the decode pod may still be on the wire.
+            await asyncio.wait_for(pushed, self.config.timeouts.kv_push_seconds)
+        except TimeoutError:
+            log.warning(
+                "no KV push notification from %s within %d s: %s prefills by itself",
+                leg.pod.name,
+                self.config.timeouts.kv_push_seconds,
+                decode_pod.name,
+            )
+            self.metrics.fallbacks.labels("kv_push_timeout").inc()
+            return None, decode_pod
+        finally:
+            self._notifications.discard(transfer_id)
+        self._prefill_done(started)
+        return orjson.dumps(handshake.lmcache_decode_body(body)), decode_pod
+
+    async def _prefill_answer(self, leg: _Leg) -> Any:
+        """The prefill pod's decoded JSON answer, or None when it failed (counted)."""
         pod = leg.pod
         try:
             if leg.response.status != 200:
                 self.metrics.upstream_errors.labels(pod.name, pod.role, "status").inc()
+                self.metrics.fallbacks.labels("prefill_failed").inc()
                 return None
-            answer = orjson.loads(await leg.response.body())
-            decode_body = handshake.nixl_decode_body(body, answer)
+            return orjson.loads(await leg.response.body())
         except (UpstreamFailure, ValueError) as error:
             log.warning("prefill leg on %s failed, serving colocated: %s", pod.name, error)
             self.metrics.upstream_errors.labels(pod.name, pod.role, "protocol").inc()
+            self.metrics.fallbacks.labels("prefill_failed").inc()
             return None
         finally:
             pod.outstanding -= 1
             leg.response.close()
+
+    def _prefill_done(self, started: float) -> None:
         elapsed = time.monotonic() - started
         self._prefill_samples.add(elapsed)
         self.metrics.prefill_leg.observe(elapsed)
-        return orjson.dumps(decode_body)
 
     async def _open(
         self,
@@ -342,8 +426,10 @@ class Router:
         affinity: int | None,
         stream: bool,
         timeout_seconds: int,
+        pinned: Pod | None = None,
     ) -> _Leg:
-        """Send a leg to a pod of `role`, trying others while connections fail before any response byte.
+        """Send a leg to a pod of `role` (`pinned` first when given), trying others while connections fail
+        before any response byte.
 
         On success the pod's outstanding count stays raised; the caller lowers it when the response is done.
         """
@@ -351,7 +437,10 @@ class Router:
         tried: set[str] = set()
         last_problem = f"no {role} pod is ready"
         for attempt in range(self.config.max_attempts):
-            pod = self.pods.pick(role, time.monotonic(), affinity, frozenset(tried))
+            if attempt == 0 and pinned is not None and pinned.accepts_new:
+                pod: Pod | None = pinned
+            else:
+                pod = self.pods.pick(role, time.monotonic(), affinity, frozenset(tried))
             if pod is None:
                 break
             if attempt:
@@ -534,7 +623,7 @@ async def serve(
     """Serve until `stop` is set (SIGTERM in the CLI), then drain: not ready, stop accepting, finish
     streams."""
     stop = stop or asyncio.Event()
-    await router.start()
+    await router.start(host)
     server = Server(router.handle, router.config.max_request_bytes, transport_error)
     try:
         bound = await server.listen(host, port)
