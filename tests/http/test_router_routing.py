@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
+import aiohttp
 import pytest
 from openai import AsyncOpenAI
 from tests.http.router_harness import (
@@ -16,7 +20,24 @@ from tests.http.router_harness import (
     running_router,
 )
 
+from inferencepool.engine_sim.core import LmcacheSettings
+from inferencepool.engine_sim.server import PdConfig
+from inferencepool.engine_sim.testing import RunningEngine, running_engine
+from inferencepool.router.config import StaticBackends
+from inferencepool.router.discovery import static_pods
+
 THRESHOLD = 100
+PD_CHUNK = 64  # LMCache chunk size in the PD test: the long prompt spans several whole chunks
+ROUTE = "X-Inferencepool-Route"
+
+
+async def prompt_tokens(engine: RunningEngine, prompt: str) -> int:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(engine.url + "/tokenize", json={"model": MODEL, "prompt": prompt}) as response,
+    ):
+        count: int = (await response.json())["count"]
+    return count
 
 
 async def test_length_aware_sends_short_prompts_direct_and_long_ones_through_prefill() -> None:
@@ -100,3 +121,79 @@ async def test_openai_client_streams_through_both_routes() -> None:
             # two short requests went direct, two long ones through the prefill pool (seen by the engines)
             assert await engine_requests(prefill) == 2
             assert await engine_requests(decode) == 4
+
+
+async def test_lmcache_pd_mode_pushes_kv_to_the_decode_pod_that_serves_the_request() -> None:
+    """LMCache PD end to end: the router (ZMQ PULL), a prefill engine in pd_role sender, and two receivers
+    on their own loopback addresses with the same PD ports, as decode pods have in a cluster."""
+    async with contextlib.AsyncExitStack() as stack:
+        receivers = []
+        init_ports: tuple[int, ...] = (0,)
+        alloc_ports: tuple[int, ...] = (0,)
+        for host in ("127.0.0.2", "127.0.0.3"):
+            receiver = await stack.enter_async_context(
+                running_engine(
+                    "zero",
+                    MODEL,
+                    host=host,
+                    chunk_tokens=PD_CHUNK,
+                    lmcache=LmcacheSettings(0, save=False, pd_role="receiver", pd_buffer_chunks=100),
+                    pd=PdConfig(
+                        role="receiver", peer_host=host, init_ports=init_ports, alloc_ports=alloc_ports
+                    ),
+                )
+            )
+            init_ports, alloc_ports = (
+                tuple(receiver.engine.pd_init_ports),
+                tuple(receiver.engine.pd_alloc_ports),
+            )
+            receivers.append(receiver)
+        config = {
+            "servedModelName": MODEL,
+            "policy": "AlwaysDisaggregate",
+            "transferMode": "LMCachePD",
+            "lmcachePd": {
+                "proxyPort": 0,
+                "receiverInitPorts": list(init_ports),
+                "receiverAllocPorts": list(alloc_ports),
+            },
+            "timeouts": {"kvPushSeconds": 10},
+        }
+        router = await stack.enter_async_context(running_router(config_for([], receivers, **config)))
+        sender = await stack.enter_async_context(
+            running_engine(
+                "zero",
+                MODEL,
+                chunk_tokens=PD_CHUNK,
+                lmcache=LmcacheSettings(0, load=False, pd_role="sender"),
+                pd=PdConfig(
+                    role="sender", proxy_host="127.0.0.1", proxy_port=router.router.kv_push_port or 0
+                ),
+            )
+        )
+        router.router.pods.apply(
+            static_pods(StaticBackends(prefill=[sender.url], decode=[r.url for r in receivers]))
+        )
+        client = AsyncOpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0)
+        stack.push_async_callback(client.close)
+        stream = await client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=6, stream=True)
+        pieces = [chunk.choices[0].text async for chunk in stream if chunk.choices]
+        assert len(pieces) == 6
+
+        # Concurrent requests with distinct prompts: the decode pod is picked while others are in flight,
+        # so only a router that sends the decode leg to the pod it named in the disagg_spec finds the KV.
+        prompts = [f"request {i} asks: {LONG_PROMPT}" for i in range(6)]
+        answers = await asyncio.gather(*(complete(router.url, prompt) for prompt in prompts))
+        assert all(status == 200 and headers[ROUTE] == "disaggregated" for status, _, headers in answers)
+
+        notifications = "inferencepool_router_kv_push_notifications"
+        assert await metric_sum(router.url, notifications, outcome="received") == 7
+        assert await metric_sum(router.url, "inferencepool_router_requests", route="disaggregated") == 7
+        assert await engine_requests(sender) == 7
+        whole_chunks = (await prompt_tokens(receivers[0], prompts[0]) - 1) // PD_CHUNK
+        for receiver in receivers:
+            served = await engine_requests(receiver)
+            hits = await metric_sum(receiver.url, "vllm:external_prefix_cache_hits")
+            # every request it served loaded its pushed chunks (the openai one is shorter, so >=)
+            assert hits >= (served - 1) * whole_chunks * PD_CHUNK, (receiver.url, served, hits)
+        assert sum([await engine_requests(r) for r in receivers]) == 7

@@ -146,7 +146,12 @@ def test_pool_service_is_the_entry_point() -> None:
 
 
 def test_pd_mode_router_receives_notifications_on_its_service() -> None:
-    pool = load_pool("llama-3.1-8b.yaml", kvTransfer={"connector": "LMCachePD"}, kvCache={"chunkSize": 256})
+    pool = load_pool(
+        "llama-3.1-8b.yaml",
+        kvTransfer={"connector": "LMCachePD"},
+        kvCache={"chunkSize": 256},
+        router={"replicas": 1},  # LMCache sends its notifications to one router
+    )
     ports = {p["name"]: p["port"] for p in child(pool, "Service", "llama-8b")["spec"]["ports"]}
     assert ports == {"http": 80, "pd-proxy": 7500}
     config = parse_config(child(pool, "ConfigMap", "llama-8b-router")["data"]["config.yaml"], "x")

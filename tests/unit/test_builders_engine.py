@@ -170,7 +170,12 @@ def test_tensor_parallel_pool_requests_its_gpus_and_one_lmcache_port_per_rank() 
 
 
 def test_lmcache_pd_mode_roles_and_receiver_ports() -> None:
-    pool = load_pool("llama-3.1-8b.yaml", kvTransfer={"connector": "LMCachePD"}, kvCache={"chunkSize": 256})
+    pool = load_pool(
+        "llama-3.1-8b.yaml",
+        kvTransfer={"connector": "LMCachePD"},
+        kvCache={"chunkSize": 256},
+        router={"replicas": 1},  # LMCache sends its notifications to one router
+    )
     prefill = container(child(pool, "StatefulSet", "llama-8b-prefill"))
     decode = container(child(pool, "StatefulSet", "llama-8b-decode"))
     assert json.loads(arg_value(prefill["args"], "--kv-transfer-config"))["kv_role"] == "kv_producer"

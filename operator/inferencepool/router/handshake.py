@@ -4,7 +4,11 @@ NIXL follows vLLM's own proxy (tests/v1/kv_connector/nixl_integration/toy_proxy_
 the client body with one output token, not streamed, asking the engine to keep the KV blocks for a remote
 decode; the decode leg is the original body plus the kv_transfer_params the prefill engine returned. LMCache
 PD mode (LMCache's examples/disagg_prefill proxy) names the decode pod in a disagg_spec so the prefill engine
-pushes KV straight to it.
+pushes KV straight to it; the decode leg is the original body, and the decode engine finds the pushed KV by
+the prompt's token-chunk hashes (req_id only ties the push to its ProxyNotif). LMCache's own xp1d proxy
+also asks for `ret_first_tok` and sends the decode leg token ids plus that token; the router does not, as that
+needs the model's tokenizer and cannot express a chat request: the decode engine recomputes the last partial
+chunk instead (at most chunk_size - 1 tokens).
 """
 
 from __future__ import annotations
@@ -60,7 +64,6 @@ def lmcache_prefill_body(
 ) -> dict[str, Any]:
     leg = _one_token(body)
     leg["kv_transfer_params"] = {
-        "ret_first_tok": True,
         "disagg_spec": {
             "req_id": request_id,
             "receiver_host": decode_host,
@@ -72,5 +75,5 @@ def lmcache_prefill_body(
 
 
 def lmcache_decode_body(body: dict[str, Any]) -> dict[str, Any]:
-    # The decode engine (kv_consumer) finds the pushed KV by the shared request id; nothing else to add.
+    # The decode engine (kv_consumer) finds the pushed KV by the prompt's token-chunk hashes; nothing to add.
     return dict(body)
