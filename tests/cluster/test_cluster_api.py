@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
 from inferencepool.api import labels
@@ -50,16 +53,38 @@ def test_examples_pass_server_side_dry_run(cluster: TestCluster, namespace: str)
         assert f"inferencepool.{labels.GROUP}/{name} created (server dry run)" in result.stdout
 
 
-def test_invalid_pool_is_rejected_with_the_cel_message(cluster: TestCluster, namespace: str) -> None:
+def _inverted_bounds(spec: dict[str, Any]) -> None:
+    spec["decode"]["autoscaling"].update({"minReplicas": 5, "maxReplicas": 2})
+
+
+def _pd_with_two_routers(spec: dict[str, Any]) -> None:
+    spec["kvTransfer"] = {"connector": "LMCachePD"}
+    spec["router"]["replicas"] = 2
+
+
+@pytest.mark.parametrize(
+    ("name", "mutate", "message"),
+    [
+        ("inverted-bounds", _inverted_bounds, "spec.decode.autoscaling.minReplicas must be <= maxReplicas"),
+        (
+            "pd-two-routers",
+            _pd_with_two_routers,
+            "spec.router.replicas must be 1 when spec.kvTransfer.connector is LMCachePD",
+        ),
+    ],
+)
+def test_invalid_pool_is_rejected_with_the_cel_message(
+    cluster: TestCluster, namespace: str, name: str, mutate: Callable[[dict[str, Any]], None], message: str
+) -> None:
     _apply_crds(cluster)
     pool = yaml.safe_load((REPO / "examples" / "demo-cpu.yaml").read_text())
-    pool["metadata"]["name"] = "inverted-bounds"
-    pool["spec"]["decode"]["autoscaling"].update({"minReplicas": 5, "maxReplicas": 2})
+    pool["metadata"]["name"] = name
+    mutate(pool["spec"])
     result = cluster.kubectl("apply", "-n", namespace, "-f", "-", input_text=yaml.safe_dump(pool))
     assert result.returncode != 0
-    assert "spec.decode.autoscaling.minReplicas must be <= maxReplicas" in result.stderr
-    assert "inverted-bounds" in result.stderr
+    assert message in result.stderr
+    assert name in result.stderr
     # Nothing was stored.
     listed = cluster.kubectl("get", CRD_NAME, "-n", namespace, "-o", "name")
     assert listed.returncode == 0, listed.stderr
-    assert "inverted-bounds" not in listed.stdout
+    assert name not in listed.stdout
