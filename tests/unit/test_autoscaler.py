@@ -1,0 +1,173 @@
+"""The autoscaler's pure core: histograms from engine metrics pages, windows, quantiles, and decisions."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from inferencepool.api.v1alpha1 import Autoscaling
+from inferencepool.autoscaler.histogram import (
+    ITL_METRIC,
+    TTFT_METRIC,
+    Histogram,
+    MetricsError,
+    Window,
+    read_histogram,
+)
+from inferencepool.autoscaler.policy import (
+    BELOW_TARGET,
+    NO_TRAFFIC,
+    OUT_OF_BOUNDS,
+    STABILIZING,
+    TARGET_EXCEEDED,
+    WAITING_FOR_REPLICAS,
+    WITHIN_TOLERANCE,
+    Recommender,
+)
+
+BOUNDS = (0.1, 0.5, 1.0, math.inf)
+
+
+def page(name: str, counts: dict[str, tuple[float, ...]], total: float = 1.0) -> str:
+    """A vLLM-shaped Prometheus page: one histogram per model label, cumulative counts per BOUNDS."""
+    lines = [f"# HELP {name} latency", f"# TYPE {name} histogram"]
+    for model, cumulative in counts.items():
+        for bound, count in zip(BOUNDS, cumulative, strict=True):
+            le = "+Inf" if math.isinf(bound) else str(bound)
+            lines.append(f'{name}_bucket{{engine="0",le="{le}",model_name="{model}"}} {count}')
+        lines.append(f'{name}_count{{engine="0",model_name="{model}"}} {cumulative[-1]}')
+        lines.append(f'{name}_sum{{engine="0",model_name="{model}"}} {total}')
+    return "\n".join(lines) + "\n"
+
+
+def hist(*counts: float, total: float = 0.0) -> Histogram:
+    return Histogram(BOUNDS, counts, total)
+
+
+def test_histogram_is_summed_over_label_sets_and_absent_is_none() -> None:
+    text = page(TTFT_METRIC, {"a": (1, 2, 3, 3), "b": (0, 5, 5, 6)}, total=2.0)
+    assert read_histogram(text, TTFT_METRIC) == Histogram(BOUNDS, (1, 7, 8, 9), 4.0)
+    assert read_histogram(text, ITL_METRIC) is None
+
+
+def test_unreadable_pages_are_named_errors() -> None:
+    with pytest.raises(MetricsError, match="does not parse"):
+        read_histogram('vllm:x_bucket{le="0.1" 3\n', "vllm:x")
+    no_inf = f'# TYPE {ITL_METRIC} histogram\n{ITL_METRIC}_bucket{{le="0.1"}} 3\n'
+    with pytest.raises(MetricsError, match="no \\+Inf bucket"):
+        read_histogram(no_inf, ITL_METRIC)
+
+
+@pytest.mark.parametrize(
+    ("counts", "q", "expected"),
+    [
+        ((10, 60, 100, 100), 0.5, 0.1 + 0.4 * 40 / 50),  # interpolated inside (0.1, 0.5]
+        ((10, 60, 100, 100), 0.05, 0.05),  # first bucket starts at 0
+        ((10, 60, 100, 100), 1.0, 1.0),
+        ((0, 0, 50, 100), 0.9, 1.0),  # rank in +Inf: the highest finite bound, as Prometheus
+        ((0, 0, 0, 0), 0.9, None),
+    ],
+)
+def test_quantile_follows_prometheus_histogram_quantile(
+    counts: tuple[float, ...], q: float, expected: float | None
+) -> None:
+    got = hist(*counts).quantile(q)
+    assert got == pytest.approx(expected) if expected is not None else got is None
+
+
+def test_delta_and_engine_restart() -> None:
+    earlier, later = hist(1, 2, 3, 3, total=1.0), hist(2, 6, 9, 10, total=3.0)
+    assert later.minus(earlier) == hist(1, 4, 6, 7, total=2.0)
+    restarted = hist(0, 1, 1, 1, total=0.2)
+    assert restarted.minus(later) == restarted  # counters went down: everything reported is new
+    with pytest.raises(MetricsError, match="buckets differ"):
+        later.plus(Histogram((0.5, math.inf), (1, 1), 0.0))
+
+
+def test_window_differences_each_pod_over_the_window_only() -> None:
+    window = Window()
+    window.add("a", 0.0, hist(0, 0, 0, 0))
+    window.add("a", 50.0, hist(0, 100, 100, 100))  # 100 fast requests, 60+ s before "now"
+    window.add("a", 100.0, hist(0, 100, 110, 110))  # then 10 slow ones
+    window.add("b", 90.0, hist(1, 1, 1, 1))  # a new pod: its first scrape is its baseline
+    window.add("b", 100.0, hist(1, 1, 5, 5))
+    assert window.delta(110.0, 60.0) == hist(0, 0, 14, 14)
+    window.keep_only({"b"})
+    assert window.delta(110.0, 60.0) == hist(0, 0, 4, 4)
+    assert Window().delta(1.0, 60.0) is None
+
+
+def settings(**fields: Any) -> Autoscaling:
+    base: dict[str, Any] = {
+        "minReplicas": 1,
+        "maxReplicas": 10,
+        "target": {"ttftMilliseconds": 500},
+        "scaleDownStabilizationSeconds": 0,
+        "maxScaleUpReplicas": 4,
+        "maxScaleDownReplicas": 1,
+    }
+    return Autoscaling.model_validate(base | fields)
+
+
+def decide(
+    recommender: Recommender,
+    now: float,
+    current: int,
+    observed_ms: float | None,
+    ready: int | None = None,
+    **s: Any,
+) -> tuple[int, str]:
+    decision = recommender.decide(
+        now,
+        current,
+        current if ready is None else ready,
+        None if observed_ms is None else observed_ms / 1000,
+        500,
+        settings(**s),
+        "TTFT",
+    )
+    return decision.replicas, decision.reason
+
+
+def test_latency_over_target_adds_replicas_in_proportion_within_the_step_limit() -> None:
+    assert decide(Recommender(), 0, 2, 1000) == (4, TARGET_EXCEEDED)  # 2x the target: twice the pods
+    assert decide(Recommender(), 0, 2, 5000) == (6, TARGET_EXCEEDED)  # wants 20, +4 per decision
+    assert decide(Recommender(), 0, 4, 540) == (4, WITHIN_TOLERANCE)  # +8% is inside the 10% band
+
+
+def test_latency_under_target_removes_replicas_one_step_at_a_time() -> None:
+    assert decide(Recommender(), 0, 4, 250) == (3, BELOW_TARGET)  # wants 2, -1 per decision
+    assert decide(Recommender(), 0, 1, 100) == (1, WITHIN_TOLERANCE)  # already at minReplicas
+
+
+def test_scale_down_waits_for_the_highest_recommendation_in_its_window() -> None:
+    recommender = Recommender()
+    window = {"scaleDownStabilizationSeconds": 300}
+    assert decide(recommender, 0, 4, 500, **window) == (4, WITHIN_TOLERANCE)
+    assert decide(recommender, 100, 4, 100, **window) == (4, STABILIZING)  # 4 was wanted 100 s ago
+    assert decide(recommender, 301, 4, 100, **window) == (3, BELOW_TARGET)  # that left the window
+
+
+def test_scale_up_stabilization_needs_every_recommendation_to_ask_for_more() -> None:
+    recommender = Recommender()
+    window = {"scaleUpStabilizationSeconds": 30}
+    assert decide(recommender, 0, 2, 500, **window) == (2, WITHIN_TOLERANCE)
+    assert decide(recommender, 15, 2, 2000, **window) == (2, STABILIZING)  # 2 was enough 15 s ago
+    assert decide(recommender, 31, 2, 2000, **window) == (6, TARGET_EXCEEDED)
+
+
+def test_no_traffic_shrinks_to_the_minimum_and_pending_pods_block_more_scale_up() -> None:
+    assert decide(Recommender(), 0, 3, None) == (2, NO_TRAFFIC)
+    assert decide(Recommender(), 0, 1, None) == (1, NO_TRAFFIC)
+    assert decide(Recommender(), 0, 4, 2000, ready=2) == (4, WAITING_FOR_REPLICAS)
+    assert decide(Recommender(), 0, 4, 250, ready=2) == (3, BELOW_TARGET)  # scaling down never waits
+
+
+def test_wanting_more_than_max_is_limited_and_out_of_bounds_is_corrected() -> None:
+    decision = Recommender().decide(0, 10, 10, 2.0, 500, settings(), "TTFT")
+    assert (decision.replicas, decision.reason, decision.wanted) == (10, STABILIZING, 40)
+    assert decision.limited(settings()) and "at maxReplicas 10" in decision.message
+    assert decide(Recommender(), 0, 12, 500) == (10, OUT_OF_BOUNDS)
+    assert decide(Recommender(), 0, 1, 500, minReplicas=2) == (2, OUT_OF_BOUNDS)
