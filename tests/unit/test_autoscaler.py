@@ -150,6 +150,14 @@ def test_scale_down_waits_for_the_highest_recommendation_in_its_window() -> None
     assert decide(recommender, 301, 4, 100, **window) == (3, BELOW_TARGET)  # that left the window
 
 
+def test_no_scale_down_before_a_full_down_window_was_watched() -> None:
+    recommender = Recommender()
+    window = {"scaleDownStabilizationSeconds": 300}
+    assert decide(recommender, 0, 4, 100, **window) == (4, STABILIZING)
+    assert decide(recommender, 299, 4, 100, **window) == (4, STABILIZING)
+    assert decide(recommender, 301, 4, 100, **window) == (3, BELOW_TARGET)
+
+
 def test_scale_up_stabilization_needs_every_recommendation_to_ask_for_more() -> None:
     recommender = Recommender()
     window = {"scaleUpStabilizationSeconds": 30}

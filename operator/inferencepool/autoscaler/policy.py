@@ -4,8 +4,9 @@ Prefill pools are held to a TTFT target, decode pools to an ITL target, each at 
 The rule is the Horizontal Pod Autoscaler's, applied to latency: outside the tolerance band, ask for
 ceil(current x observed / target) replicas; then bound the change by the step limits and the min/max, and
 stabilize it (scale up only if every recommendation in the up window asked for more; scale down only to the
-highest recommendation in the down window), so a burst does not thrash a pool whose pods take minutes to load
-a model. A pool with no traffic in the window is sized to its minimum, through the same down-stabilization.
+highest recommendation in the down window, and never before a full down window was observed), so a burst does
+not thrash a pool whose pods take minutes to load a model. A pool with no traffic in the window is sized to
+its minimum, through the same down-stabilization.
 
 Beyond the HPA: no scale-up is stacked on one still in progress (pods not yet ready would be counted as
 capacity that does nothing yet, and a model load takes minutes), and a pool that wants more than
@@ -32,6 +33,7 @@ OUT_OF_BOUNDS = "OutOfBounds"
 
 @dataclass(frozen=True, slots=True)
 class Decision:
+    current: int  # what the pool had
     replicas: int  # what the pool should have now
     reason: str
     message: str
@@ -46,6 +48,7 @@ class Recommender:
 
     def __init__(self) -> None:
         self._history: deque[tuple[float, int]] = deque()
+        self._since: float | None = None  # first decision: scale-down waits a full window from here
 
     def decide(
         self,
@@ -60,9 +63,13 @@ class Recommender:
         """`current` is the pool's replica count (spec), `ready` its ready pods, `observed_seconds` the
         latency at the target percentile over the window (None: no traffic)."""
         low, high = settings.min_replicas, settings.max_replicas
+        if self._since is None:
+            self._since = now
         if current < low or current > high:
             bounded = min(max(current, low), high)
-            return Decision(bounded, OUT_OF_BOUNDS, f"{current} replicas is outside {low}..{high}", bounded)
+            return Decision(
+                current, bounded, OUT_OF_BOUNDS, f"{current} replicas is outside {low}..{high}", bounded
+            )
 
         target = target_milliseconds / 1000
         if observed_seconds is None:
@@ -91,6 +98,7 @@ class Recommender:
         if replicas > current and ready < current:
             return Decision(
                 current,
+                current,
                 WAITING_FOR_REPLICAS,
                 f"{figures}; {ready}/{current} replicas ready, waiting for them before adding more",
                 wanted,
@@ -98,12 +106,12 @@ class Recommender:
         if replicas == current:
             if wanted == current:
                 kept = NO_TRAFFIC if reason == NO_TRAFFIC else WITHIN_TOLERANCE
-                return Decision(current, kept, f"{figures}; keeping {current}", wanted)
+                return Decision(current, current, kept, f"{figures}; keeping {current}", wanted)
             why = f"at maxReplicas {high}" if current == high and wanted > high else "stabilization window"
             return Decision(
-                current, STABILIZING, f"{figures}; wants {wanted}, keeping {current} ({why})", wanted
+                current, current, STABILIZING, f"{figures}; wants {wanted}, keeping {current} ({why})", wanted
             )
-        return Decision(replicas, reason, f"{figures}; {current} -> {replicas} replicas", wanted)
+        return Decision(current, replicas, reason, f"{figures}; {current} -> {replicas} replicas", wanted)
 
     def _remember(self, now: float, wanted: int, settings: Autoscaling) -> None:
         self._history.append((now, wanted))
@@ -116,6 +124,11 @@ class Recommender:
             window = [w for at, w in self._history if at >= now - settings.scale_up_stabilization_seconds]
             return max(current, min(window, default=wanted))
         if wanted < current:
-            window = [w for at, w in self._history if at >= now - settings.scale_down_stabilization_seconds]
+            horizon = now - settings.scale_down_stabilization_seconds
+            window = [w for at, w in self._history if at >= horizon]
+            if self._since is not None and self._since > horizon:
+                # Watching for less than the window (an operator restart, say): what the pool has now counts
+                # as asked for, so a restart never shrinks a pool before a full window of evidence.
+                window.append(current)
             return min(current, max(window, default=wanted))
         return current

@@ -23,7 +23,8 @@ import kopf
 from pydantic import ValidationError
 
 from inferencepool.api import labels
-from inferencepool.api.v1alpha1 import API_VERSION, CONDITION_READY, InferencePool
+from inferencepool.api.v1alpha1 import API_VERSION, CONDITION_READY, InferencePool, InferencePoolStatus
+from inferencepool.autoscaler.runner import Autoscalers
 from inferencepool.builders import Manifest, PoolRef, pool_children, router_endpoint
 from inferencepool.controller.apply import apply_children
 from inferencepool.controller.kube import Kube, KubeError
@@ -71,6 +72,13 @@ class OperatorState:
     # A reference that does not resolve is looked up again this often (the user may create it any time).
     retry_missing_seconds: float = 30.0
     retry_apply_seconds: float = 15.0
+    # Made on the operator's event loop by the first reconcile of an autoscaled pool.
+    autoscalers: Autoscalers | None = None
+
+    def scalers(self) -> Autoscalers:
+        if self.autoscalers is None:
+            self.autoscalers = Autoscalers(self.kube, post_ref_event)
+        return self.autoscalers
 
     def lock(self, key: PoolKey) -> asyncio.Lock:
         return self.locks.setdefault(key, asyncio.Lock())
@@ -94,8 +102,20 @@ def pool_object_ref(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def post_event(body: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
-    target = kopf.Body(cast(kopf.RawBody, pool_object_ref(body)))
-    kopf.event(target, type=event_type, reason=reason, message=message)
+    post_ref_event(pool_object_ref(body), event_type, reason, message)
+
+
+def post_ref_event(ref: dict[str, Any], event_type: str, reason: str, message: str) -> None:
+    kopf.event(kopf.Body(cast(kopf.RawBody, ref)), type=event_type, reason=reason, message=message)
+
+
+def display_is_stale(body: Mapping[str, Any]) -> bool:
+    """Whether the kubectl columns lag the figures (the autoscaler wrote a new latency, say)."""
+    try:
+        status = InferencePoolStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        return False
+    return status.display is not None and status.with_display().display != status.display
 
 
 def observed_from(
@@ -228,6 +248,7 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
             raise kopf.TemporaryError(message, delay=state.retry_apply_seconds) from error
         outcome = ReconcileOutcome(generation, missing)
         state.outcomes[key] = outcome
+        state.scalers().sync(pool)
         state.reconciles += 1
         if reason == "create":
             post_event(body, "Normal", "Created", f"created {len(children)} children")
@@ -327,10 +348,18 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.error("status refresh %s failed", task.get_name(), exc_info=task.exception())
 
-    @kopf.on.event(group, version, plural, id="forget", registry=registry)
-    def pool_event(event: kopf.RawEvent, namespace: str | None, name: str, uid: str, **_: Any) -> None:
+    @kopf.on.event(group, version, plural, id="pool_event", registry=registry)
+    async def pool_event(
+        event: kopf.RawEvent, namespace: str | None, name: str, uid: str, body: kopf.Body, **kwargs: Any
+    ) -> None:
+        key = (namespace or "", name)
         if event.get("type") == "DELETED":
-            state.forget((namespace or "", name), uid)
+            state.forget(key, uid)
+            if state.autoscalers is not None:
+                state.autoscalers.stop(*key)
+        elif display_is_stale(body):
+            indices = (kwargs["pool_bodies"], kwargs["statefulset_states"], kwargs["deployment_states"])
+            schedule_refresh(key, *indices)
 
     @kopf.on.event("apps", "v1", "statefulsets", labels=CHILD_FILTER, id="workload", registry=registry)
     @kopf.on.event("apps", "v1", "deployments", labels=CHILD_FILTER, id="workload", registry=registry)

@@ -109,6 +109,8 @@ class Operator:
                 liveness_endpoint=liveness_endpoint,
             )
         finally:
+            if self.state.autoscalers is not None:
+                await self.state.autoscalers.close()
             self.state.appliers.shutdown(wait=False, cancel_futures=True)
             self.state.kube.close()
 
