@@ -1,0 +1,165 @@
+"""The autoscaler on the real control plane: fake engine pods (run by the pod runner) under load, scaled by
+the operator from their own ITL histograms, with the decision in status, events and `kubectl get`."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from tests.cluster.operator_fixtures import (
+    admin_kube,
+    crd_installed,
+    event_reasons,
+    example,
+    get_pool,
+    kubectl_ok,
+    operator,
+    operator_kubeconfig,
+)
+
+from inferencepool.api import labels
+from inferencepool.cluster.testing import eventually
+from inferencepool.controller.apply import replicas_managers
+from inferencepool.controller.handlers import OperatorState
+from inferencepool.controller.kube import Kube
+
+if TYPE_CHECKING:
+    from inferencepool.cluster.testing import TestCluster
+
+__all__ = ["admin_kube", "crd_installed", "operator", "operator_kubeconfig"]
+
+POOL = "scaling"
+
+
+def decode_urls(kube: Kube, namespace: str) -> list[str]:
+    selector = f"{labels.LABEL_POOL}={POOL},{labels.LABEL_ROLE}=decode"
+    return [
+        f"http://{pod['status']['podIP']}:8000"
+        for pod in kube.list("v1", "Pod", namespace, selector)
+        if pod.get("status", {}).get("podIP")
+        and any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+    ]
+
+
+@pytest.fixture
+def load(admin_kube: Kube, namespace: str) -> Iterator[threading.Event]:
+    """Streams completions to the ready decode pods from 4 threads while the event is set."""
+    on, stop = threading.Event(), threading.Event()
+
+    def stream() -> None:
+        body = json.dumps({"model": "llama-8b", "prompt": "tell me more", "max_tokens": 24, "stream": True})
+        while not stop.is_set():
+            if not on.wait(0.2):
+                continue
+            for url in decode_urls(admin_kube, namespace):
+                request = urllib.request.Request(
+                    url + "/v1/completions", body.encode(), {"Content-Type": "application/json"}
+                )
+                try:
+                    with urllib.request.urlopen(request, timeout=10) as response:
+                        response.read()
+                except OSError:
+                    pass  # a pod going away mid-test; the next round picks the live ones
+
+    threads = [threading.Thread(target=stream, daemon=True) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield on
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(15)
+
+
+def decode_status(kube: Kube, namespace: str) -> dict[str, Any]:
+    pool = get_pool(kube, namespace, POOL) or {}
+    return dict(pool.get("status", {}).get("decode") or {})
+
+
+def scaling_limited(kube: Kube, namespace: str) -> dict[str, Any] | None:
+    pool = get_pool(kube, namespace, POOL) or {}
+    conditions = pool.get("status", {}).get("conditions", [])
+    return next((c for c in conditions if c["type"] == "ScalingLimited"), None)
+
+
+def test_decode_pool_scales_on_its_itl_up_to_max_then_back_down(
+    cluster: TestCluster, operator: OperatorState, admin_kube: Kube, namespace: str, load: threading.Event
+) -> None:
+    document = example("demo-cpu.yaml")
+    document["metadata"] = {"name": POOL, "namespace": namespace}
+    spec = document["spec"]
+    spec["prefill"].pop("autoscaling")
+    spec["decode"]["replicas"] = 1
+    spec["decode"]["autoscaling"] = {
+        "minReplicas": 1,
+        "maxReplicas": 2,
+        # Far below what the fake H100 profile does (~10 ms between tokens): the pool is always too slow.
+        "target": {"itlMilliseconds": 1, "percentile": 90},
+        "windowSeconds": 4,
+        "intervalSeconds": 1,
+        "scaleDownStabilizationSeconds": 3,
+    }
+    kubectl_ok(cluster, "apply", "-f", "-", input_text=json.dumps(document))
+    eventually(lambda: decode_urls(admin_kube, namespace), 90, "a ready decode pod")
+
+    load.set()
+    statefulset = eventually(
+        lambda: (
+            (s := admin_kube.get("apps/v1", "StatefulSet", namespace, f"{POOL}-decode"))
+            and s["spec"]["replicas"] == 2
+            and s
+        ),
+        60,
+        "the decode StatefulSet scaled to 2",
+    )
+    assert replicas_managers(statefulset) == {labels.AUTOSCALER_FIELD_MANAGER}
+    figures = eventually(
+        lambda: (d := decode_status(admin_kube, namespace)).get("lastScaling") and d,
+        30,
+        "lastScaling in status",
+    )
+    last = figures["lastScaling"]
+    assert (last["fromReplicas"], last["replicas"], last["reason"]) == (1, 2, "TargetExceeded")
+    assert "ITL" in last["message"] and "vs target 1ms" in last["message"]
+    assert figures["observedMilliseconds"] >= 2
+    eventually(lambda: "ScaledUp" in event_reasons(admin_kube, namespace, POOL), 15, "a ScaledUp event")
+
+    # Both pods ready and still far too slow: it wants more than maxReplicas allows, and says so.
+    limited = eventually(
+        lambda: (c := scaling_limited(admin_kube, namespace)) and c["status"] == "True" and c,
+        60,
+        "ScalingLimited=True",
+    )
+    assert limited["reason"] == "AtMaxReplicas" and "decode" in limited["message"]
+    # `kubectl get pdpool`: DECODE 2/2 once the new pod is ready, ITL observed/target.
+    columns = eventually(
+        lambda: (
+            (line := kubectl_ok(cluster, "-n", namespace, "get", "pdpool", POOL, "--no-headers").split())[3]
+            == "2/2"
+            and line[5].endswith("/1ms")
+            and not line[5].startswith("-")
+            and line
+        ),
+        60,
+        "DECODE 2/2 and ITL observed/target in kubectl get",
+    )
+    assert int(columns[5].split("/")[0]) >= 2
+
+    # No traffic: back to minReplicas once the down-stabilization window has passed.
+    load.clear()
+    eventually(
+        lambda: decode_status(admin_kube, namespace).get("lastScaling", {}).get("reason") == "NoTraffic",
+        60,
+        "a NoTraffic scale-down",
+    )
+    assert admin_kube.get("apps/v1", "StatefulSet", namespace, f"{POOL}-decode")["spec"]["replicas"] == 1
+    eventually(
+        lambda: (c := scaling_limited(admin_kube, namespace)) and c["status"] == "False",
+        30,
+        "ScalingLimited=False",
+    )
