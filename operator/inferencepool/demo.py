@@ -9,10 +9,12 @@ sends a short and a long prompt through the pool's router and shows which route 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -108,6 +110,58 @@ class StreamResult:
     total_s: float
     chunks: int
     text: str
+
+
+def show_autoscaler(
+    kubectl: Kubectl,
+    namespace: str,
+    pool_name: str,
+    base_url: str,
+    model: str,
+    prompts: list[str],
+    timeout: float,
+) -> None:
+    """Keep both pools busy until the autoscaler has read each one's latency from the engines' histograms."""
+    say("load from 6 clients until the autoscaler reports each pool's latency (prefill TTFT, decode ITL)")
+    stop = threading.Event()
+
+    def client(index: int) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                stream_chat(base_url, model, prompts[index % len(prompts)], max_tokens=48)
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(6)]
+    for thread in threads:
+        thread.start()
+
+    def figures() -> dict[str, Any]:
+        return dict(kubectl.json("get", "pdpool", pool_name, "-n", namespace).get("status", {}))
+
+    try:
+        wait_for(
+            "the autoscaler's first readings",
+            lambda: all(
+                "observedMilliseconds" in (figures().get(role) or {}) for role in ("prefill", "decode")
+            ),
+            timeout,
+            lambda: kubectl("get", "pdpool", pool_name, "-n", namespace, "--no-headers").strip(),
+        )
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(130)
+    status = figures()
+    for role, metric in (("prefill", "TTFT"), ("decode", "ITL")):
+        pool = status[role]
+        last = pool.get("lastScaling")
+        decision = (
+            f"; last scaling {last['fromReplicas']} -> {last['replicas']} ({last['reason']})" if last else ""
+        )
+        print(
+            f"    autoscaler: {role} p{pool['percentile']} {metric} {pool['observedMilliseconds']} ms "
+            f"vs target {pool['targetMilliseconds']} ms, {pool['readyReplicas']}/{pool['desiredReplicas']} "
+            f"replicas{decision}"
+        )
 
 
 def stream_chat(base_url: str, model: str, prompt: str, max_tokens: int) -> StreamResult:
@@ -222,6 +276,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{result.chunks} chunks in {result.total_s * 1000:7.1f} ms"
             )
         say("the long prompt took prefill -> KV transfer -> decode; the short one went straight to decode")
+        show_autoscaler(kubectl, namespace, pool_name, base_url, model, list(prompts.values()), args.timeout)
         print(kubectl("get", "pdpool", "-n", namespace))
         return 0
     finally:

@@ -38,6 +38,10 @@ def test_demo_routes_short_prompts_direct_and_long_ones_through_prefill(
     long = next(line for line in output.splitlines() if "long prompt" in line)
     assert "route=direct" in short, output
     assert "route=disaggregated" in long, output
+    # The autoscaler read each pool's latency from the engines' own histograms.
+    readings = [line for line in output.splitlines() if "autoscaler:" in line]
+    assert any("prefill p90 TTFT" in line and "vs target 800 ms" in line for line in readings), output
+    assert any("decode p90 ITL" in line and "vs target 40 ms" in line for line in readings), output
     # The demo leaves a running cluster up, but removes its pool and stops its operator.
     assert cluster.kubectl("get", "pdpool", "-n", namespace, "-o", "name").stdout.strip() == ""
     assert cluster.kubectl("get", "--raw", "/readyz").returncode == 0
