@@ -122,7 +122,7 @@ def show_autoscaler(
     timeout: float,
 ) -> None:
     """Keep both pools busy until the autoscaler has read each one's latency from the engines' histograms."""
-    say("load from 6 clients until the autoscaler reports each pool's latency (prefill TTFT, decode ITL)")
+    say("load from 6 clients until the operator reports each pool's latency and the router's split")
     stop = threading.Event()
 
     def client(index: int) -> None:
@@ -162,6 +162,10 @@ def show_autoscaler(
             f"vs target {pool['targetMilliseconds']} ms, {pool['readyReplicas']}/{pool['desiredReplicas']} "
             f"replicas{decision}"
         )
+    share = status["router"]["disaggregatedPercent"]
+    print(
+        f"    router: {share}% of recent requests went through the prefill pool (the rest straight to decode)"
+    )
 
 
 def stream_chat(base_url: str, model: str, prompt: str, max_tokens: int) -> StreamResult:

@@ -42,6 +42,9 @@ def test_demo_routes_short_prompts_direct_and_long_ones_through_prefill(
     readings = [line for line in output.splitlines() if "autoscaler:" in line]
     assert any("prefill p90 TTFT" in line and "vs target 800 ms" in line for line in readings), output
     assert any("decode p90 ITL" in line and "vs target 40 ms" in line for line in readings), output
+    # Half the demo's load is long prompts: the router's split, read from its metrics, lands in status.
+    split = next(line for line in output.splitlines() if "went through the prefill pool" in line)
+    assert 20 <= int(split.split("router: ")[1].split("%")[0]) <= 80, split
     # The demo leaves a running cluster up, but removes its pool and stops its operator.
     assert cluster.kubectl("get", "pdpool", "-n", namespace, "-o", "name").stdout.strip() == ""
     assert cluster.kubectl("get", "--raw", "/readyz").returncode == 0

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from inferencepool.api.v1alpha1 import Autoscaling
 from inferencepool.autoscaler.histogram import (
     ITL_METRIC,
     TTFT_METRIC,
+    Counts,
     Histogram,
     MetricsError,
     Window,
+    read_counts,
+    read_gauge,
     read_histogram,
 )
 from inferencepool.autoscaler.policy import (
@@ -99,6 +103,33 @@ def test_window_differences_each_pod_over_the_window_only() -> None:
     assert Window().delta(1.0, 60.0) is None
 
 
+def router_page() -> str:
+    """What the router's /metrics serves (the same prometheus_client types and names)."""
+    registry = CollectorRegistry()
+    requests = Counter("inferencepool_router_requests", "Requests by route", ["route"], registry=registry)
+    requests.labels("direct").inc(30)
+    requests.labels("disaggregated").inc(10)
+    threshold = Gauge("inferencepool_router_prefill_threshold_tokens", "Threshold", registry=registry)
+    threshold.set(2048)
+    return generate_latest(registry).decode()
+
+
+def test_router_counters_by_route_and_gauge() -> None:
+    page_text = router_page()
+    routes = ("direct", "disaggregated", "fallback")
+    counts = read_counts(page_text, "inferencepool_router_requests", "route", routes)
+    assert counts == Counts((30.0, 10.0, 0.0))  # a route not served yet counts 0
+    assert read_gauge(page_text, "inferencepool_router_prefill_threshold_tokens") == 2048.0
+    assert read_counts(page_text, "missing", "route", routes) is None
+    assert read_gauge(page_text, "missing") is None
+    window: Window[Counts] = Window()
+    window.add("router-a", 0.0, Counts((30.0, 10.0, 0.0)))
+    window.add("router-a", 10.0, Counts((40.0, 30.0, 2.0)))
+    window.add("router-b", 0.0, Counts((5.0, 5.0, 0.0)))
+    window.add("router-b", 10.0, Counts((1.0, 1.0, 0.0)))  # restarted: all of it is new
+    assert window.delta(10.0, 60.0) == Counts((11.0, 21.0, 2.0))
+
+
 def settings(**fields: Any) -> Autoscaling:
     base: dict[str, Any] = {
         "minReplicas": 1,
@@ -179,3 +210,29 @@ def test_wanting_more_than_max_is_limited_and_out_of_bounds_is_corrected() -> No
     assert decision.limited(settings()) and "at maxReplicas 10" in decision.message
     assert decide(Recommender(), 0, 12, 500) == (10, OUT_OF_BOUNDS)
     assert decide(Recommender(), 0, 1, 500, minReplicas=2) == (2, OUT_OF_BOUNDS)
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_status_document_carries_the_router_figures(
+    adaptive: bool,
+) -> None:
+    from tests.unit.builders_examples import load_pool
+
+    from inferencepool.autoscaler.runner import PoolAutoscaler
+
+    events: list[tuple[str, str]] = []
+    pool = load_pool("demo-cpu.yaml", router__adaptiveThreshold={"enabled": adaptive})
+    scaler = PoolAutoscaler(
+        cast(Any, None), pool, cast(Any, None), lambda _r, kind, reason, _m: events.append((kind, reason))
+    )
+    scaler.disaggregated_percent, scaler.threshold_tokens = 42, 2048
+    scaler.pool = load_pool(
+        "demo-cpu.yaml",
+        router__adaptiveThreshold={"enabled": adaptive},
+        prefill__autoscaling={"enabled": False, "maxReplicas": 3, "target": {"ttftMilliseconds": 800}},
+        decode__autoscaling={"enabled": False, "maxReplicas": 4, "target": {"itlMilliseconds": 40}},
+    )
+    document = scaler.status_document()
+    expected = {"disaggregatedPercent": 42} | ({"prefillThresholdTokens": 2048} if adaptive else {})
+    assert document == {"router": expected}  # no decision yet: no ScalingLimited either
+    assert events == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Generic, Protocol, Self, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -107,14 +108,71 @@ def read_histogram(text: str, name: str) -> Histogram | None:
     return Histogram(bounds, tuple(buckets[b] for b in bounds), total_sum)
 
 
-class Window:
-    """Per-pod scrapes of one histogram, kept long enough to difference over a time window."""
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """Counters read together (requests per route, say), differenced like a histogram."""
+
+    values: tuple[float, ...]
+
+    def minus(self, earlier: Counts) -> Counts:
+        if len(earlier.values) != len(self.values) or any(
+            e > n for e, n in zip(earlier.values, self.values, strict=True)
+        ):
+            return self  # a counter went down: the process restarted
+        return Counts(tuple(n - e for n, e in zip(self.values, earlier.values, strict=True)))
+
+    def plus(self, other: Counts) -> Counts:
+        return Counts(tuple(a + b for a, b in zip(self.values, other.values, strict=True)))
+
+
+def _families(text: str) -> dict[str, list[tuple[str, dict[str, str], float]]]:
+    try:
+        return {
+            family.name: [(s.name, s.labels, s.value) for s in family.samples]
+            for family in text_string_to_metric_families(text)
+        }
+    except ValueError as error:
+        raise MetricsError(f"metrics page does not parse: {error}") from error
+
+
+def read_counts(text: str, name: str, label: str, keys: tuple[str, ...]) -> Counts | None:
+    """The counter `name` per value of `label`, in the order of `keys` (absent values count 0); None when the
+    page has no such counter."""
+    families = _families(text)
+    # prometheus_client's text format names the family `<name>_total`; OpenMetrics names it `<name>`.
+    samples = families.get(name, families.get(f"{name}_total"))
+    if samples is None:
+        return None
+    values = dict.fromkeys(keys, 0.0)
+    for sample_name, labels, value in samples:
+        key = labels.get(label)
+        if sample_name in (name, f"{name}_total") and key in values:
+            values[key] += value
+    return Counts(tuple(values[key] for key in keys))
+
+
+def read_gauge(text: str, name: str) -> float | None:
+    samples = _families(text).get(name)
+    return samples[0][2] if samples else None
+
+
+class Differenced(Protocol):
+    def minus(self, earlier: Self) -> Self: ...
+
+    def plus(self, other: Self) -> Self: ...
+
+
+Sample = TypeVar("Sample", bound=Differenced)
+
+
+class Window(Generic[Sample]):
+    """Per-pod scrapes of one cumulative metric, kept long enough to difference over a time window."""
 
     def __init__(self) -> None:
-        self._scrapes: dict[str, list[tuple[float, Histogram]]] = {}
+        self._scrapes: dict[str, list[tuple[float, Sample]]] = {}
 
-    def add(self, pod: str, at: float, histogram: Histogram) -> None:
-        self._scrapes.setdefault(pod, []).append((at, histogram))
+    def add(self, pod: str, at: float, sample: Sample) -> None:
+        self._scrapes.setdefault(pod, []).append((at, sample))
 
     def keep_only(self, pods: set[str]) -> None:
         """Forget pods that are gone (their observations leave the window with them)."""
@@ -122,13 +180,13 @@ class Window:
             if pod not in pods:
                 del self._scrapes[pod]
 
-    def delta(self, now: float, seconds: float) -> Histogram | None:
-        """Observations of the last `seconds`, summed over pods; None when no pod has two scrapes in it.
+    def delta(self, now: float, seconds: float) -> Sample | None:
+        """What the last `seconds` added, summed over pods; None when no pod has two scrapes in it.
 
         Per pod: the newest scrape minus the newest one at least `seconds` old (or the oldest kept, for a pod
         younger than the window). Older scrapes are dropped.
         """
-        total: Histogram | None = None
+        total: Sample | None = None
         horizon = now - seconds
         for pod, scrapes in self._scrapes.items():
             base = 0

@@ -37,15 +37,31 @@ from inferencepool.api.v1alpha1 import (
     PoolRole,
     ScalingDecision,
 )
-from inferencepool.autoscaler.histogram import ITL_METRIC, TTFT_METRIC, MetricsError, Window, read_histogram
+from inferencepool.autoscaler.histogram import (
+    ITL_METRIC,
+    TTFT_METRIC,
+    Counts,
+    Histogram,
+    MetricsError,
+    Window,
+    read_counts,
+    read_gauge,
+    read_histogram,
+)
 from inferencepool.autoscaler.policy import Decision, Recommender
 from inferencepool.controller.kube import Kube, KubeError
-from inferencepool.router.discovery import pod_spec_from_object
 
 log = logging.getLogger("inferencepool.autoscaler")
 
 SCRAPE_TIMEOUT_SECONDS = 3.0
 METRIC = {"prefill": (TTFT_METRIC, "TTFT"), "decode": (ITL_METRIC, "ITL")}
+# The router's own metrics (router/metrics.py): requests by route, and the threshold in force.
+ROUTER_REQUESTS = "inferencepool_router_requests"
+ROUTER_THRESHOLD = "inferencepool_router_prefill_threshold_tokens"
+ROUTES = ("direct", "disaggregated", "fallback")
+# How often and over how long the router is read when no pool autoscales (else: the pools' own settings).
+ROUTER_INTERVAL_SECONDS = 15.0
+ROUTER_WINDOW_SECONDS = 60.0
 
 # (pool uid, event type, reason, message) -> posted; the operator passes kopf.event through this.
 EventSink = Callable[[dict[str, Any], str, str, str], None]
@@ -54,7 +70,7 @@ EventSink = Callable[[dict[str, Any], str, str, str], None]
 @dataclass
 class _Role:
     recommender: Recommender = field(default_factory=Recommender)
-    window: Window = field(default_factory=Window)
+    window: Window[Histogram] = field(default_factory=Window)
     due: float = 0.0
     observed_milliseconds: int | None = None
     last_scaling: ScalingDecision | None = None
@@ -92,6 +108,10 @@ class PoolAutoscaler:
         self._limited: bool | None = None
         self._transition = wall_clock()
         self._written: dict[str, Any] | None = None
+        self._routes: Window[Counts] = Window()
+        self._router_due = 0.0
+        self.disaggregated_percent: int | None = None
+        self.threshold_tokens: int | None = None
         self.ticks = 0
         self._restore(pool)
 
@@ -128,7 +148,7 @@ class PoolAutoscaler:
         """Until the earliest role is due (at most 1 s, so a spec change is picked up quickly)."""
         now = self._clock()
         dues = [self._roles[r].due for r in POOL_ROLES if self.settings(r) is not None and r in self._roles]
-        return max(0.05, min([1.0, *[due - now for due in dues]]))
+        return max(0.05, min([1.0, self._router_due - now, *[due - now for due in dues]]))
 
     async def run(self) -> None:
         while True:
@@ -173,10 +193,52 @@ class PoolAutoscaler:
                 result.scaled[role] = (current, decision.replicas)
                 direction = "ScaledUp" if decision.replicas > current else "ScaledDown"
                 self._post_event(self._ref(), "Normal", direction, f"{role}: {decision.message}")
+        if now >= self._router_due:
+            interval, window = self._router_timing()
+            self._router_due = now + interval
+            await self._observe_router(now, window)
         self.ticks += 1
-        if result.decisions:
-            await asyncio.to_thread(self._write_status)
+        await asyncio.to_thread(self._write_status)
         return result
+
+    def _router_timing(self) -> tuple[float, float]:
+        """The router is read as often, and over as long, as the pools are (the shortest of them)."""
+        scaled = [settings for role in POOL_ROLES if (settings := self.settings(role)) is not None]
+        if not scaled:
+            return ROUTER_INTERVAL_SECONDS, ROUTER_WINDOW_SECONDS
+        return (
+            float(min(s.interval_seconds for s in scaled)),
+            float(min(s.window_seconds for s in scaled)),
+        )
+
+    async def _observe_router(self, now: float, window_seconds: float) -> None:
+        """Share of requests that went through the prefill pool, and the threshold the routers hold."""
+        selector = f"{labels.LABEL_POOL}={self.name},{labels.LABEL_ROLE}=router"
+        pods = await asyncio.to_thread(self.kube.list, "v1", "Pod", self.namespace, selector)
+        urls = dict(found for pod in pods if (found := _ready_pod_url(pod)) is not None)
+        pages = await asyncio.gather(*(self._scrape(url) for url in urls.values()))
+        thresholds: list[float] = []
+        for name, page in zip(urls, pages, strict=True):
+            if page is None:
+                continue
+            try:
+                counts = read_counts(page, ROUTER_REQUESTS, "route", ROUTES)
+                threshold = read_gauge(page, ROUTER_THRESHOLD)
+            except MetricsError as error:
+                log.warning("router pod %s/%s: %s", self.namespace, name, error)
+                continue
+            if counts is not None:
+                self._routes.add(name, now, counts)
+            if threshold is not None:
+                thresholds.append(threshold)
+        self._routes.keep_only(set(urls))
+        change = self._routes.delta(now, window_seconds)
+        total = sum(change.values) if change is not None else 0.0
+        if change is not None:
+            # None (not 0) for a quiet window: no requests says nothing about the split.
+            self.disaggregated_percent = round(100 * change.values[1] / total) if total else None
+        if thresholds:
+            self.threshold_tokens = round(sum(thresholds) / len(thresholds))
 
     async def _decide(
         self, role: PoolRole, state: _Role, settings: Autoscaling, now: float
@@ -190,22 +252,22 @@ class PoolAutoscaler:
         ready = int(workload.get("status", {}).get("readyReplicas", 0))
         selector = f"{labels.LABEL_POOL}={self.name},{labels.LABEL_ROLE}={role}"
         pods = await asyncio.to_thread(self.kube.list, "v1", "Pod", self.namespace, selector)
-        specs = [spec for pod in pods if (spec := pod_spec_from_object(pod)) is not None and spec.ready]
+        urls = dict(found for pod in pods if (found := _ready_pod_url(pod)) is not None)
         metric, label = METRIC[role]
-        pages = await asyncio.gather(*(self._scrape(spec.url) for spec in specs))
+        pages = await asyncio.gather(*(self._scrape(url) for url in urls.values()))
         read_any = False
-        for spec, page in zip(specs, pages, strict=True):
+        for name, page in zip(urls, pages, strict=True):
             if page is None:
                 continue
             try:
                 histogram = read_histogram(page, metric)
             except MetricsError as error:
-                log.warning("pod %s/%s: %s", self.namespace, spec.name, error)
+                log.warning("pod %s/%s: %s", self.namespace, name, error)
                 continue
             if histogram is not None:
-                state.window.add(spec.name, now, histogram)
+                state.window.add(name, now, histogram)
                 read_any = True
-        state.window.keep_only({spec.name for spec in specs})
+        state.window.keep_only(set(urls))
         change = state.window.delta(now, settings.window_seconds)
         if change is None:
             # Not two readings of any pod yet (just started, or no pod answers): nothing to decide on.
@@ -263,6 +325,15 @@ class PoolAutoscaler:
                 figures["lastScaling"] = state.last_scaling.model_dump(mode="json", by_alias=True)
             if figures:
                 status[role] = figures
+        router: dict[str, Any] = {}
+        if self.disaggregated_percent is not None:
+            router["disaggregatedPercent"] = self.disaggregated_percent
+        if self.threshold_tokens is not None and self.pool.spec.router.adaptive_threshold.enabled:
+            router["prefillThresholdTokens"] = self.threshold_tokens
+        if router:
+            status["router"] = router
+        if not self._roles:
+            return status  # nothing autoscales: no ScalingLimited to report
         limited = [f"{role}: {state.limited}" for role, state in self._roles.items() if state.limited]
         if bool(limited) != self._limited:
             if limited:
@@ -284,14 +355,15 @@ class PoolAutoscaler:
 
     def _write_status(self) -> None:
         document = self.status_document()
-        if document == self._written:
+        if document == self._written or (self._written is None and not document):
             return
         self.kube.apply_status({**self._ref(), "status": document}, labels.AUTOSCALER_FIELD_MANAGER)
         self._written = document
 
 
 class Autoscalers:
-    """The autoscaler task of every pool that autoscales, started, updated and stopped as pools change.
+    """The autoscaler task of every pool (it also reads the router's figures for status), started, updated and
+    stopped as pools come, change and go.
 
     Lives on the operator's event loop; `sync` is called after each reconcile, `stop` when a pool is deleted.
     """
@@ -309,9 +381,6 @@ class Autoscalers:
     def sync(self, pool: InferencePool) -> None:
         key = (str(pool.metadata["namespace"]), str(pool.metadata["name"]))
         entry = self._running.get(key)
-        if not any(pool.spec.pool(role).autoscales() for role in POOL_ROLES):
-            self.stop(*key)
-            return
         if entry is not None and entry[0].pool.metadata.get("uid") == pool.metadata.get("uid"):
             entry[0].update(pool)
             return
@@ -324,13 +393,13 @@ class Autoscalers:
         scaler = PoolAutoscaler(self._kube, pool, self._session, self._post_event)
         task = asyncio.create_task(scaler.run(), name=f"autoscaler {key[0]}/{key[1]}")
         self._running[key] = (scaler, task)
-        log.info("autoscaling %s/%s", *key)
+        log.info("watching %s/%s (autoscaling, router figures)", *key)
 
     def stop(self, namespace: str, name: str) -> None:
         entry = self._running.pop((namespace, name), None)
         if entry is not None:
             entry[1].cancel()
-            log.info("autoscaling of %s/%s stopped", namespace, name)
+            log.info("stopped watching %s/%s", namespace, name)
 
     async def close(self) -> None:
         tasks = [task for _, task in self._running.values()]
@@ -341,3 +410,20 @@ class Autoscalers:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _ready_pod_url(pod: dict[str, Any], port_name: str = "http") -> tuple[str, str] | None:
+    """(name, http://ip:port) of a ready pod, by its container port named `port_name`."""
+    status = pod.get("status") or {}
+    ip = status.get("podIP")
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+    if not ip or not ready:
+        return None
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for port in container.get("ports") or []:
+            if port.get("name") == port_name:
+                host = f"[{ip}]" if ":" in ip else ip
+                return str(pod["metadata"]["name"]), f"http://{host}:{port['containerPort']}"
+    return None
