@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "router": ("inferencepool.router.cli", "run the prefill/decode router"),
     "fake-engine": ("inferencepool.engine_sim.cli", "run a CPU-only stand-in for a vLLM engine"),
     "bench": ("inferencepool.bench.cli", "run a benchmark and print ratios against its baseline"),
+    "sim": ("inferencepool.sim.cli", "compare colocated, P/D, LengthAware and autoscaled pools on a trace"),
     "demo": ("inferencepool.demo", "run the local demo: control plane, operator, router, fake engines"),
 }
 

@@ -1,0 +1,615 @@
+"""One pool of simulated engines in virtual time, driven by the real router and autoscaler decisions.
+
+Engines are `EngineCore`s (the fake engine's timing and KV model). The router part is the production code:
+`choose_route` decides direct vs disaggregated, `PodSet.pick` picks the pod (least outstanding, bounded-load
+prefix affinity), `next_threshold` moves an adaptive threshold from the same router-observed samples the
+router collects. A disaggregated request runs a one-token prefill leg on a prefill engine that keeps its KV
+(NIXL `remote_decode`), then a decode leg on a decode engine that reads that KV (`remote_prefill`): the
+decode engine asks for the read, the simulator releases the prefill engine's hold as NIXL's side channel
+would, and the decode engine charges the transfer from the profile's link figures (`nixl_transfer_time`).
+
+Autoscaling feeds the real `Recommender` what the operator's runner would read: each engine keeps vLLM's
+TTFT and ITL histograms (same buckets), the simulator "scrapes" ready engines every interval into the real
+`Window`, and the percentile is the real Prometheus-style `Histogram.quantile`. A new replica holds its GPUs
+from the decision on but serves only after the model-load delay; a removed replica stops taking requests,
+finishes what it has (and any KV a decode engine still has to read), then gives its GPUs back.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from array import array
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from inferencepool.api.v1alpha1 import POOL_ROLES, Autoscaling, PoolRole, RoutingPolicy
+from inferencepool.autoscaler.histogram import Histogram, Window
+from inferencepool.autoscaler.policy import Recommender
+from inferencepool.engine_sim.core import (
+    EngineCore,
+    EngineRequest,
+    RemotePrefill,
+    RemoteRead,
+    RequestFailed,
+    ScheduledStep,
+    TokenEvent,
+)
+from inferencepool.engine_sim.metrics import ITL_BUCKETS, TTFT_BUCKETS
+from inferencepool.engine_sim.profiles import EngineProfile
+from inferencepool.router.config import AdaptiveThresholdConfig, PrefixAffinityConfig
+from inferencepool.router.pods import EngineRole, Pod, PodSet, PodSpec
+from inferencepool.router.policy import Route, choose_route
+from inferencepool.router.prompt import Prompt
+from inferencepool.router.threshold import SampleWindow, next_threshold
+from inferencepool.router.tokens import EstimateCounter
+from inferencepool.sim.workload import TraceRequest, prompt_ids
+
+REJECTED = "rejected"  # longer than max_model_len: the engine answers 400 and nothing runs
+
+
+@dataclass(frozen=True)
+class PoolAutoscaling:
+    """Per-pool autoscaling as the InferencePool spec gives it, plus how long a new replica takes to load."""
+
+    prefill: Autoscaling
+    decode: Autoscaling
+    model_load_seconds: float = 120.0
+
+    def settings(self, role: PoolRole) -> Autoscaling:
+        return self.prefill if role == "prefill" else self.decode
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    policy: RoutingPolicy
+    prefill_replicas: int  # 0 for Colocated
+    decode_replicas: int  # every engine of a Colocated pool
+    threshold_tokens: int = 4096
+    adaptive: AdaptiveThresholdConfig | None = None
+    autoscaling: PoolAutoscaling | None = None
+    prefix_affinity: bool = True
+
+    def __post_init__(self) -> None:
+        if self.decode_replicas < 1:
+            raise ValueError(f"scenario {self.name}: needs at least one decode (or colocated) replica")
+        if self.policy != "Colocated" and self.prefill_replicas < 1:
+            raise ValueError(f"scenario {self.name}: {self.policy} needs at least one prefill replica")
+        if self.policy == "Colocated" and (self.prefill_replicas or self.autoscaling):
+            raise ValueError(f"scenario {self.name}: a Colocated pool has no prefill replicas to scale")
+
+
+@dataclass(eq=False)
+class RequestRecord:
+    """What the client of one request saw."""
+
+    index: int
+    arrival: float
+    prompt_tokens: int
+    output_tokens: int
+    route: str = ""
+    first_token: float | None = None
+    last_token: float | None = None
+    finish: float | None = None
+    tokens_received: int = 0
+    itl_sum: float = 0.0
+    error: str | None = None
+    finishes: int = 0  # conservation check: exactly one finish per request
+    prefill_pod: str | None = None
+    decode_pod: str | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def mean_itl(self) -> float:
+        """Time per output token after the first (TPOT, DistServe's decode SLO); 0 for one-token answers."""
+        gaps = self.tokens_received - 1
+        return self.itl_sum / gaps if gaps > 0 else 0.0
+
+    @property
+    def completed(self) -> bool:
+        return self.error is None and self.route != REJECTED and self.tokens_received == self.output_tokens
+
+
+class _Latency:
+    """One engine's vLLM histogram: per-bucket counts (not cumulative), turned into a scrape on demand."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, finite_bounds: Sequence[float]) -> None:
+        self.bounds = (*finite_bounds, math.inf)
+        self.counts = [0] * len(self.bounds)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def scrape(self) -> Histogram:
+        return Histogram(self.bounds, tuple(float(c) for c in itertools.accumulate(self.counts)), self.sum)
+
+
+@dataclass(eq=False)
+class Replica:
+    name: str
+    role: EngineRole
+    core: EngineCore
+    created: float
+    ready_at: float
+    removed_at: float | None = None
+    terminating: bool = False
+    step: ScheduledStep | None = None
+    wake_at: float | None = None
+    legs: dict[str, RequestRecord] = field(default_factory=dict)
+    last_token: dict[str, float] = field(default_factory=dict)
+    engine_arrival: dict[str, float] = field(default_factory=dict)
+    ttft: _Latency = field(default_factory=lambda: _Latency(TTFT_BUCKETS))
+    itl: _Latency = field(default_factory=lambda: _Latency(ITL_BUCKETS))
+
+    def ready(self, now: float) -> bool:
+        return self.removed_at is None and now >= self.ready_at
+
+    def drained(self) -> bool:
+        return self.core.idle() and self.core.num_held == 0 and not self.legs
+
+
+@dataclass(frozen=True)
+class ScalingEvent:
+    time: float
+    role: PoolRole
+    from_replicas: int
+    replicas: int
+    reason: str
+    message: str
+
+
+@dataclass
+class ScenarioResult:
+    scenario: Scenario
+    records: list[RequestRecord]
+    itl_gaps: array[float]  # every inter-token gap every client saw
+    trace_span: float  # first to last arrival
+    makespan: float  # first arrival to the last token
+    gpu_seconds: float
+    replicas: list[tuple[float, int, int, int, int]]  # time, prefill ready/desired, decode ready/desired
+    thresholds: list[tuple[float, int]]
+    scaling: list[ScalingEvent]
+    engine_steps: int
+    preemptions: int
+
+
+Progress = Callable[[str, float, float], None]  # scenario name, virtual time reached, trace span
+
+
+class ClusterSim:
+    _ARRIVAL, _STEP_END, _WAKE, _READY, _AUTOSCALE, _THRESHOLD, _PROGRESS = range(7)
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        profile: EngineProfile,
+        trace: Sequence[TraceRequest],
+        *,
+        affinity: PrefixAffinityConfig | None = None,
+        horizon: float = 0.0,
+        progress: Progress | None = None,
+        progress_every: float = 60.0,
+    ) -> None:
+        if not trace:
+            raise ValueError("an empty trace")
+        self.scenario = scenario
+        self.profile = profile
+        self.trace = sorted(trace, key=lambda r: r.arrival)
+        self.affinity = affinity or PrefixAffinityConfig()
+        self.affinity_tokens = self.affinity.block_tokens * self.affinity.blocks
+        self.horizon = horizon  # keep the autoscaler ticking at least this long (to watch a pool shrink)
+        self.progress = progress
+        self.progress_every = progress_every
+        self.pods = PodSet(
+            load_factor=self.affinity.load_factor_percent / 100,
+            virtual_nodes=self.affinity.virtual_nodes,
+            min_load_bound=self.affinity.min_load_bound,
+        )
+        self.counter = EstimateCounter()
+        self.threshold = scenario.threshold_tokens
+        self.prefill_samples = SampleWindow()
+        self.itl_samples = SampleWindow()
+        self.replicas: list[Replica] = []
+        self.by_engine: dict[str, Replica] = {}
+        self.records = [
+            RequestRecord(i, r.arrival, r.prompt_tokens, r.output_tokens) for i, r in enumerate(self.trace)
+        ]
+        self.gaps: array[float] = array("d")
+        self.in_flight = 0
+        self.now = 0.0
+        self._events: list[tuple[float, int, int, object]] = []
+        self._sequence = itertools.count()
+        self._ordinals = {"prefill": itertools.count(), "decode": itertools.count()}
+        self.recommenders = {"prefill": Recommender(), "decode": Recommender()}
+        self.windows: dict[PoolRole, Window[Histogram]] = {"prefill": Window(), "decode": Window()}
+        self.timeline: list[tuple[float, int, int, int, int]] = []
+        self.thresholds: list[tuple[float, int]] = [(0.0, self.threshold)]
+        self.scaling: list[ScalingEvent] = []
+
+    # ----- the event loop -----
+
+    def _push(self, at: float, kind: int, payload: object) -> None:
+        heapq.heappush(self._events, (at, kind, next(self._sequence), payload))
+
+    def run(self) -> ScenarioResult:
+        for _ in range(self.scenario.prefill_replicas):
+            self._add_replica("prefill", ready_at=0.0)
+        for _ in range(self.scenario.decode_replicas):
+            self._add_replica("decode", ready_at=0.0)
+        self._sync_pods()
+        self._record_replicas()
+        scaling = self.scenario.autoscaling
+        if scaling is not None:
+            for first in POOL_ROLES:
+                self._push(scaling.settings(first).interval_seconds, self._AUTOSCALE, first)
+        if self.scenario.adaptive is not None and self.scenario.policy == "LengthAware":
+            self._push(self.scenario.adaptive.interval_seconds, self._THRESHOLD, None)
+        if self.progress is not None:
+            self._push(self.progress_every, self._PROGRESS, None)
+        for record in self.records:
+            self._push(record.arrival, self._ARRIVAL, record)
+        self.pending_arrivals = len(self.records)
+
+        while self._events:
+            at, kind, _, payload = heapq.heappop(self._events)
+            self.now = max(self.now, at)
+            if kind == self._ARRIVAL:
+                assert isinstance(payload, RequestRecord)
+                self.pending_arrivals -= 1
+                self._arrive(payload)
+            elif kind == self._STEP_END:
+                assert isinstance(payload, Replica)
+                self._step_end(payload)
+            elif kind == self._WAKE:
+                assert isinstance(payload, Replica)
+                if payload.wake_at == at:
+                    payload.wake_at = None
+                self._kick(payload)
+                self._maybe_remove(payload)
+            elif kind == self._READY:
+                assert isinstance(payload, Replica)
+                if payload.removed_at is None:
+                    self._sync_pods()
+                    self._record_replicas()
+            elif kind == self._AUTOSCALE:
+                assert payload in ("prefill", "decode")
+                role: PoolRole = "prefill" if payload == "prefill" else "decode"
+                self._autoscale(role)
+                if self._busy():
+                    assert scaling is not None
+                    self._push(self.now + scaling.settings(role).interval_seconds, self._AUTOSCALE, role)
+            elif kind == self._THRESHOLD:
+                self._adapt_threshold()
+                if self._busy():
+                    assert self.scenario.adaptive is not None
+                    self._push(self.now + self.scenario.adaptive.interval_seconds, self._THRESHOLD, None)
+            elif kind == self._PROGRESS:
+                assert self.progress is not None
+                self.progress(self.scenario.name, self.now, self.trace[-1].arrival)
+                if self._busy():
+                    self._push(self.now + self.progress_every, self._PROGRESS, None)
+        return self._result()
+
+    def _busy(self) -> bool:
+        return self.pending_arrivals > 0 or self.in_flight > 0 or self.now < self.horizon
+
+    # ----- router -----
+
+    def _arrive(self, record: RequestRecord) -> None:
+        now = self.now
+        request = self.trace[record.index]
+        if request.prompt_tokens + request.output_tokens > self.profile.max_model_len:
+            record.route = REJECTED
+            record.error = f"prompt + output exceed max_model_len {self.profile.max_model_len}"
+            self._finish(record, now)
+            return
+        self.in_flight += 1
+        ids = prompt_ids(request, record.index)
+        affinity = (
+            self.counter.affinity_key(
+                Prompt(
+                    texts=(), token_ids=(tuple(ids[: self.affinity_tokens]),), message_count=0, stream=True
+                ),
+                self.affinity_tokens,
+            )
+            if self.scenario.prefix_affinity
+            else None
+        )
+        route = choose_route(
+            self.scenario.policy, record.prompt_tokens, self.threshold, self.pods.has_available("prefill")
+        )
+        record.route = route.value
+        if route is Route.DISAGGREGATED:
+            pod = self._pick("prefill", affinity)
+            replica = self.by_engine[pod.name]
+            record.prefill_pod = pod.name
+            self._send(replica, record, EngineRequest(f"r{record.index}", ids, 1, remote_decode=True))
+            return
+        self._send_decode(record, EngineRequest(f"r{record.index}", ids, record.output_tokens), affinity)
+
+    def _pick(self, role: EngineRole, affinity: int | None) -> Pod:
+        pod = self.pods.pick(role, self.now, affinity)
+        if pod is None:
+            raise AssertionError(f"no {role} pod takes requests at {self.now:.3f}s")
+        return pod
+
+    def _send_decode(self, record: RequestRecord, request: EngineRequest, affinity: int | None) -> None:
+        pod = self._pick("decode", affinity)
+        record.decode_pod = pod.name
+        self._send(self.by_engine[pod.name], record, request)
+
+    def _send(self, replica: Replica, record: RequestRecord, request: EngineRequest) -> None:
+        pod = self.pods.pods[replica.name]
+        pod.outstanding += 1
+        replica.core.add_request(request, self.now)
+        replica.legs[request.request_id] = record
+        replica.engine_arrival[request.request_id] = self.now
+        self._kick(replica)
+
+    def _prefill_done(self, replica: Replica, record: RequestRecord, event: TokenEvent) -> None:
+        now = self.now
+        request_id = event.request_id
+        started = replica.engine_arrival.pop(request_id)
+        replica.legs.pop(request_id)
+        self.pods.pods[replica.name].outstanding -= 1
+        self.prefill_samples.add(now - started)
+        hold = event.kv_hold
+        assert hold is not None, "a NIXL prefill leg always ends holding its KV"
+        request = self.trace[record.index]
+        remote = RemotePrefill(
+            engine_id=replica.core.engine_id,
+            request_id=request_id,
+            host=replica.name,
+            port=0,
+            block_ids=hold.block_ids,
+            tp_size=self.profile.tensor_parallel,
+        )
+        ids = prompt_ids(request, record.index)
+        # The KV arrives from the prefill pod, so the decode pod's own prefix cache does not matter (as the
+        # router does: no affinity for the decode leg of a disaggregated request).
+        self._send_decode(
+            record, EngineRequest(request_id, ids, record.output_tokens, remote_prefill=remote), None
+        )
+
+    # ----- engines -----
+
+    def _kick(self, replica: Replica) -> None:
+        """Start the engine's next step if it is idle and has work (the driver loop of virtual.py)."""
+        if replica.step is not None or replica.removed_at is not None:
+            return
+        now = self.now
+        while True:
+            step = replica.core.schedule(now)
+            reads = replica.core.take_remote_reads()
+            for read in reads:
+                failure = replica.core.remote_read_done(read.request_id, now, self._read(read))
+                if failure is not None:
+                    self._failed(replica, failure)
+            if step is None and reads:
+                continue
+            break
+        if step is not None:
+            replica.step = step
+            self._push(step.end, self._STEP_END, replica)
+            return
+        wake = replica.core.next_wakeup()
+        if wake is not None and wake > now and wake != replica.wake_at:
+            replica.wake_at = wake
+            self._push(wake, self._WAKE, replica)
+
+    def _read(self, read: RemoteRead) -> str | None:
+        """NIXL's side channel: the decode engine tells the prefill engine it takes the held blocks."""
+        source = self.by_engine.get(read.source.engine_id)
+        if source is None:
+            return f"prefill engine {read.source.engine_id} is gone"
+        try:
+            source.core.release_hold(read.request_id, read.source.engine_id, self.now, read.source.block_ids)
+        except LookupError as error:
+            return str(error)
+        # freed blocks may let the prefill engine admit what was waiting, and a drained one may now go
+        self._kick(source)
+        self._maybe_remove(source)
+        return None
+
+    def _step_end(self, replica: Replica) -> None:
+        step = replica.step
+        assert step is not None
+        replica.step = None
+        for event in replica.core.complete(step):
+            if isinstance(event, RequestFailed):
+                self._failed(replica, event)
+            else:
+                self._token(replica, event)
+        self._kick(replica)
+        self._maybe_remove(replica)
+
+    def _token(self, replica: Replica, event: TokenEvent) -> None:
+        now = self.now
+        request_id = event.request_id
+        record = replica.legs[request_id]
+        if event.index == 0:
+            replica.ttft.observe(now - replica.engine_arrival[request_id])
+        else:
+            replica.itl.observe(now - replica.last_token[request_id])
+        replica.last_token[request_id] = now
+        if replica.role == "prefill":
+            assert event.finish_reason is not None
+            replica.last_token.pop(request_id, None)
+            self._prefill_done(replica, record, event)
+            return
+        # the client's stream
+        if record.tokens_received == 0:
+            record.first_token = now
+        else:
+            assert record.last_token is not None
+            gap = now - record.last_token
+            record.itl_sum += gap
+            self.gaps.append(gap)
+            if self.scenario.adaptive is not None:
+                self.itl_samples.add(gap)
+        record.last_token = now
+        record.tokens_received += 1
+        if event.finish_reason is not None:
+            replica.legs.pop(request_id)
+            replica.engine_arrival.pop(request_id)
+            replica.last_token.pop(request_id)
+            self.pods.pods[replica.name].outstanding -= 1
+            self.in_flight -= 1
+            self._finish(record, now)
+
+    def _failed(self, replica: Replica, failure: RequestFailed) -> None:
+        record = replica.legs.pop(failure.request_id)
+        replica.engine_arrival.pop(failure.request_id, None)
+        replica.last_token.pop(failure.request_id, None)
+        self.pods.pods[replica.name].outstanding -= 1
+        record.error = failure.message
+        self.in_flight -= 1
+        self._finish(record, failure.time)
+
+    def _finish(self, record: RequestRecord, now: float) -> None:
+        record.finishes += 1
+        if record.finishes > 1:
+            raise AssertionError(f"request {record.index} finished twice")
+        record.finish = now
+
+    # ----- replicas -----
+
+    def _add_replica(self, role: EngineRole, ready_at: float) -> Replica:
+        disaggregated = self.scenario.policy != "Colocated"
+        name = f"{role}-{next(self._ordinals[role])}"
+        core = EngineCore(self.profile, name, nixl=disaggregated)
+        replica = Replica(name, role, core, created=self.now, ready_at=ready_at)
+        self.replicas.append(replica)
+        self.by_engine[name] = replica
+        if ready_at > self.now:
+            self._push(ready_at, self._READY, replica)
+        return replica
+
+    def _sync_pods(self) -> None:
+        self.pods.apply(
+            PodSpec(r.name, f"http://{r.name}", r.role, ready=r.ready(self.now), terminating=r.terminating)
+            for r in self.replicas
+            if r.removed_at is None
+        )
+
+    def _maybe_remove(self, replica: Replica) -> None:
+        if replica.terminating and replica.removed_at is None and replica.drained():
+            replica.removed_at = self.now
+            self._sync_pods()
+            self._record_replicas()
+
+    def _members(self, role: PoolRole) -> list[Replica]:
+        return [r for r in self.replicas if r.role == role and r.removed_at is None and not r.terminating]
+
+    def _record_replicas(self) -> None:
+        counts: list[int] = []
+        for role in ("prefill", "decode"):
+            members = self._members(role)
+            counts += [sum(r.ready(self.now) for r in members), len(members)]
+        entry = (self.now, counts[0], counts[1], counts[2], counts[3])
+        if self.timeline and self.timeline[-1][1:] == entry[1:]:
+            return
+        self.timeline.append(entry)
+
+    def _autoscale(self, role: PoolRole) -> None:
+        scaling = self.scenario.autoscaling
+        assert scaling is not None
+        settings = scaling.settings(role)
+        members = self._members(role)
+        ready = [r for r in members if r.ready(self.now)]
+        window = self.windows[role]
+        for replica in ready:  # the runner scrapes the pool's ready pods
+            window.add(
+                replica.name, self.now, replica.ttft.scrape() if role == "prefill" else replica.itl.scrape()
+            )
+        window.keep_only({r.name for r in ready})
+        change = window.delta(self.now, settings.window_seconds)
+        if change is None:
+            return  # no pod read twice yet: the runner decides nothing either
+        observed = change.quantile(settings.target.percentile / 100)
+        target = settings.target.ttft_milliseconds if role == "prefill" else settings.target.itl_milliseconds
+        assert target is not None
+        metric = "TTFT" if role == "prefill" else "ITL"
+        decision = self.recommenders[role].decide(
+            self.now, len(members), len(ready), observed, target, settings, metric
+        )
+        if decision.replicas == decision.current:
+            return
+        self.scaling.append(
+            ScalingEvent(
+                self.now, role, decision.current, decision.replicas, decision.reason, decision.message
+            )
+        )
+        if decision.replicas > decision.current:
+            for _ in range(decision.replicas - decision.current):
+                self._add_replica(role, ready_at=self.now + scaling.model_load_seconds)
+        else:
+            # a StatefulSet removes its highest ordinals (the newest pods) first
+            for replica in sorted(members, key=lambda r: r.created)[decision.replicas - decision.current :]:
+                replica.terminating = True
+                if not replica.ready(self.now):
+                    replica.removed_at = self.now  # still loading the model: nothing to drain
+                self._maybe_remove(replica)
+        self._sync_pods()
+        self._record_replicas()
+
+    def _adapt_threshold(self) -> None:
+        config = self.scenario.adaptive
+        assert config is not None
+        decision = next_threshold(
+            self.threshold,
+            self.scenario.threshold_tokens,
+            config,
+            self.prefill_samples.take(),
+            self.itl_samples.take(),
+        )
+        if decision.threshold != self.threshold:
+            self.threshold = decision.threshold
+            self.thresholds.append((self.now, self.threshold))
+
+    # ----- result -----
+
+    def _result(self) -> ScenarioResult:
+        end = max([self.now, *(r.finish or 0.0 for r in self.records)])
+        tp = self.profile.tensor_parallel
+        gpu_seconds = sum(
+            ((r.removed_at if r.removed_at is not None else end) - r.created) * tp for r in self.replicas
+        )
+        self._record_replicas()
+        return ScenarioResult(
+            scenario=self.scenario,
+            records=self.records,
+            itl_gaps=self.gaps,
+            trace_span=self.trace[-1].arrival - self.trace[0].arrival,
+            makespan=end - self.trace[0].arrival,
+            gpu_seconds=gpu_seconds,
+            replicas=self.timeline,
+            thresholds=self.thresholds,
+            scaling=self.scaling,
+            engine_steps=sum(r.core.stats.steps for r in self.replicas),
+            preemptions=sum(r.core.stats.preemptions for r in self.replicas),
+        )
+
+
+def simulate(
+    scenario: Scenario,
+    profile: EngineProfile,
+    trace: Sequence[TraceRequest],
+    *,
+    horizon: float = 0.0,
+    progress: Progress | None = None,
+    progress_every: float = 60.0,
+) -> ScenarioResult:
+    return ClusterSim(
+        scenario, profile, trace, horizon=horizon, progress=progress, progress_every=progress_every
+    ).run()

@@ -1,0 +1,197 @@
+"""The simulated pool in virtual time: conservation, hand-checked timings and goodput, routing shares,
+autoscaling with a provisioning delay, and the scenario comparison's structure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from inferencepool.api.v1alpha1 import Autoscaling, LatencyTarget
+from inferencepool.cli import main
+from inferencepool.engine_sim import timing
+from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.sim.cluster import PoolAutoscaling, Scenario, ScenarioResult, simulate
+from inferencepool.sim.compare import SCENARIO_NAMES, Budget, build_scenarios, compare
+from inferencepool.sim.report import Slo, summarize, table, to_json
+from inferencepool.sim.workload import TraceRequest
+
+H100 = get_profile("llama-3.1-8b-h100")
+
+
+def assert_conserved(result: ScenarioResult) -> None:
+    for record in result.records:
+        assert record.finishes == 1, f"request {record.index} finished {record.finishes} times"
+        assert record.completed, f"request {record.index}: {record.error}"
+        assert record.tokens_received == record.output_tokens
+        assert record.first_token is not None and record.finish is not None
+        assert record.arrival < record.first_token <= record.finish
+
+
+def mixed_trace(count: int, spacing: float) -> list[TraceRequest]:
+    prompts = (300, 1500, 5000, 9000, 700, 4096)
+    return [TraceRequest(i * spacing, prompts[i % len(prompts)], 20 + (i * 7) % 60) for i in range(count)]
+
+
+@pytest.mark.parametrize("name", ["colocated", "static-pd", "length-aware", "adaptive"])
+def test_every_request_finishes_exactly_once(name: str) -> None:
+    [scenario] = build_scenarios(Budget(replicas=3, prefill_replicas=1), Slo(0.8, 0.04), [name])
+    result = simulate(scenario, H100, mixed_trace(120, 0.05))
+    assert_conserved(result)
+    assert result.gpu_seconds == pytest.approx(3 * result.makespan)
+
+
+def test_hand_checked_timings_and_goodput() -> None:
+    """Requests far apart on idle engines: every figure follows from the timing formulas alone."""
+    trace = [TraceRequest(0.0, 1000, 5), TraceRequest(10.0, 6000, 5), TraceRequest(20.0, 3000, 1)]
+    result = simulate(Scenario("one", "Colocated", 0, 1), H100, trace)
+    assert_conserved(result)
+
+    def prefill(tokens: int) -> float:
+        return timing.step_time(H100, [timing.PrefillChunk(tokens, 0)], ())
+
+    def mean_itl(prompt: int, output: int) -> float:
+        return sum(timing.step_time(H100, (), [prompt + j]) for j in range(output - 1)) / (output - 1)
+
+    a, b, c = result.records
+    assert a.ttft == pytest.approx(prefill(1000)) and b.ttft == pytest.approx(prefill(6000))
+    assert c.ttft == pytest.approx(prefill(3000))
+    assert a.mean_itl == pytest.approx(mean_itl(1000, 5)) and c.mean_itl == 0.0
+    # TTFT SLO admits A and C (not B); an ITL SLO just under A's mean ITL drops A, not C (one token)
+    tight = summarize(result, Slo(prefill(3000) * 1.000001, mean_itl(1000, 5) * 0.999))
+    assert (tight.good, tight.goodput_rps, tight.slo_attainment_percent) == (
+        1,
+        1 / 20,
+        pytest.approx(100 / 3),
+    )
+    loose = summarize(result, Slo(prefill(3000) * 1.000001, mean_itl(1000, 5) * 1.000001))
+    assert (loose.good, loose.goodput_rps) == (2, 2 / 20)
+    assert loose.ttft_ms["p50"] == pytest.approx(prefill(3000) * 1000)  # nearest rank: the middle one
+    assert loose.gpu_seconds == pytest.approx(result.makespan) and loose.disaggregated_percent == 0
+
+
+def test_disaggregated_ttft_is_prefill_then_kv_transfer_then_one_token() -> None:
+    result = simulate(Scenario("pd", "AlwaysDisaggregate", 1, 1), H100, [TraceRequest(0.0, 4000, 3)])
+    assert_conserved(result)
+    [record] = result.records
+    expected = (
+        timing.step_time(H100, [timing.PrefillChunk(4000, 0)], ())  # the prefill leg on the prefill engine
+        + timing.nixl_transfer_time(H100, 4000)  # the decode engine reads every prompt token's KV
+        + timing.step_time(H100, [timing.PrefillChunk(1, 3999)], ())  # and recomputes the last one
+    )
+    assert record.route == "disaggregated"
+    assert record.ttft == pytest.approx(expected)
+    assert (record.prefill_pod, record.decode_pod) == ("prefill-0", "decode-0")
+
+
+def test_routing_share_follows_the_threshold() -> None:
+    trace = mixed_trace(60, 0.2)  # prompts cycle through 300, 1500, 5000, 9000, 700, 4096
+    shares = {}
+    for scenario in (
+        Scenario("co", "Colocated", 0, 2),
+        Scenario("pd", "AlwaysDisaggregate", 1, 1),
+        Scenario("la", "LengthAware", 1, 1, threshold_tokens=4096),
+        Scenario("la-high", "LengthAware", 1, 1, threshold_tokens=6000),
+    ):
+        result = simulate(scenario, H100, trace)
+        assert_conserved(result)
+        for record in result.records:
+            wanted = scenario.policy == "AlwaysDisaggregate" or (
+                scenario.policy == "LengthAware" and record.prompt_tokens >= scenario.threshold_tokens
+            )
+            assert record.route == ("disaggregated" if wanted else "direct")
+        shares[scenario.name] = summarize(result, Slo(1, 1)).disaggregated_percent
+    assert shares == {"co": 0, "pd": 100, "la": pytest.approx(50), "la-high": pytest.approx(100 / 6)}
+
+
+def burst_then_quiet() -> list[TraceRequest]:
+    burst = [
+        TraceRequest(i * 0.1, 2000 + i, 600) for i in range(300)
+    ]  # decode-heavy, all under the threshold
+    trickle = [TraceRequest(40.0 + i * 10, 500, 20) for i in range(20)]
+    return burst + trickle
+
+
+def test_decode_pool_scales_up_under_a_burst_and_down_after_with_the_load_delay() -> None:
+    def pool(target: LatencyTarget) -> Autoscaling:
+        return Autoscaling(
+            min_replicas=1,
+            max_replicas=4,
+            target=target,
+            window_seconds=10,
+            interval_seconds=5,
+            scale_down_stabilization_seconds=30,
+        )
+
+    scaling = PoolAutoscaling(
+        prefill=pool(LatencyTarget(ttft_milliseconds=800)),
+        decode=pool(LatencyTarget(itl_milliseconds=20)),
+        model_load_seconds=20.0,
+    )
+    scenario = Scenario("auto", "LengthAware", 1, 1, autoscaling=scaling)
+    result = simulate(scenario, H100, burst_then_quiet())
+    assert_conserved(result)
+
+    decode_events = [e for e in result.scaling if e.role == "decode"]
+    ups = [e for e in decode_events if e.replicas > e.from_replicas]
+    downs = [e for e in decode_events if e.replicas < e.from_replicas]
+    assert ups and ups[0].reason == "TargetExceeded" and ups[0].from_replicas == 1
+    assert downs and downs[-1].replicas == 1 and downs[0].time > ups[-1].time
+    first_up = ups[0].time
+    # desired rises at the decision; ready only after the model load delay, never before
+    desired_at_decision = [row for row in result.replicas if row[0] == first_up]
+    assert desired_at_decision and desired_at_decision[-1][4] > desired_at_decision[-1][3]
+    ready_rise = next(row for row in result.replicas if row[3] > 1)
+    assert ready_rise[0] == pytest.approx(first_up + 20.0)
+    # no scale-down before the down-stabilization window has passed since the last scale-up asked for more
+    assert downs[0].time - first_up >= 30
+    # the added replicas held GPUs from the decision on: more GPU time than the static pool of 2
+    assert result.gpu_seconds > 2 * result.makespan
+    assert result.records[-1].decode_pod is not None
+
+
+def test_comparison_reports_ratios_against_colocated(tmp_path: Path) -> None:
+    slo = Slo(0.8, 0.04)
+    budget = Budget(
+        replicas=3, prefill_replicas=1, model_load_seconds=5, interval_seconds=5, window_seconds=10
+    )
+    scenarios = build_scenarios(budget, slo)
+    assert [s.name for s in scenarios] == list(SCENARIO_NAMES)
+    results, summaries = compare(scenarios, H100, mixed_trace(80, 0.1), slo)
+    for result in results:
+        assert_conserved(result)
+    base = summaries[0]
+    assert base.scenario == "colocated" and base.goodput_ratio == pytest.approx(1.0)
+    for summary in summaries:
+        assert summary.requests == 80 and 0 <= summary.good <= summary.completed == 80
+        assert summary.goodput_ratio == pytest.approx(summary.goodput_rps / base.goodput_rps)
+        assert summary.gpu_seconds_ratio == pytest.approx(summary.gpu_seconds / base.gpu_seconds)
+    rendered = table(summaries)
+    assert all(name in rendered for name in SCENARIO_NAMES) and "vs coloc" in rendered
+    document = json.loads(json.dumps(to_json(summaries, results, {"trace": "test"})))
+    assert [s["scenario"] for s in document["scenarios"]] == list(SCENARIO_NAMES)
+    assert document["scenarios"][4]["replicas"][0]["decodeDesired"] == 2
+
+
+def test_cli_writes_table_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sim"
+    code = main(
+        ["sim", "--max-requests", "60", "--replicas", "2", "--out", str(out), "--model-load-seconds", "5"]
+    )
+    assert code == 0
+    printed = capsys.readouterr()
+    assert "colocated" in printed.out and "autoscaled" in printed.out and "1.00x" in printed.out
+    assert "virtual s" in printed.err  # progress
+    document = json.loads((out / "sim.json").read_text())
+    assert len(document["scenarios"]) == 5 and document["settings"]["trace"] == "azure-code"
+    assert {p.name for p in out.glob("*.png")} == {"latency_cdf.png", "goodput.png", "replicas.png"}
+
+
+def test_cli_rejects_bad_input_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.0,x,1\n")
+    assert main(["sim", "--trace", str(bad), "--out", str(tmp_path)]) == 2
+    assert "bad.csv, line 2: field 'ContextTokens' must be an integer" in capsys.readouterr().err
+    assert main(["sim", "--prefill", "4", "--replicas", "4", "--out", str(tmp_path)]) == 2
+    assert "prefill replicas must be within 1..3" in capsys.readouterr().err
