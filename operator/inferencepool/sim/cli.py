@@ -137,8 +137,13 @@ def run(args: argparse.Namespace) -> int:
 
     def progress(name: str, reached: float, total: float) -> None:
         elapsed = time.monotonic() - clock["start"]
+        where = (
+            f"{reached:.0f}/{total:.0f}"
+            if reached <= total
+            else f"{reached:.0f} (draining after {total:.0f})"
+        )
         print(
-            f"  {name}: {reached:.0f}/{total:.0f} virtual s ({elapsed:.1f} s wall)",
+            f"  {name}: {where} virtual s ({elapsed:.1f} s wall)",
             file=sys.stderr,
             flush=True,
         )
