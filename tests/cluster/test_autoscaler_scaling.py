@@ -163,3 +163,34 @@ def test_decode_pool_scales_on_its_itl_up_to_max_then_back_down(
         30,
         "ScalingLimited=False",
     )
+
+
+def test_pods_the_scheduler_cannot_place_are_reported_as_scaling_limited(
+    cluster: TestCluster, operator: OperatorState, admin_kube: Kube, namespace: str
+) -> None:
+    document = example("demo-cpu.yaml")
+    document["metadata"] = {"name": POOL, "namespace": namespace}
+    spec = document["spec"]
+    spec["prefill"].pop("autoscaling")
+    # More CPU than any node has: the scheduler leaves the pod Pending, as it would with no free GPU.
+    spec["decode"]["resources"] = {"requests": {"cpu": "5000"}}
+    spec["decode"]["autoscaling"] = {
+        "minReplicas": 1,
+        "maxReplicas": 2,
+        "target": {"itlMilliseconds": 40},
+        "intervalSeconds": 1,
+    }
+    kubectl_ok(cluster, "apply", "-f", "-", input_text=json.dumps(document))
+    limited = eventually(
+        lambda: (c := scaling_limited(admin_kube, namespace)) and c["status"] == "True" and c,
+        60,
+        "ScalingLimited=True for an unschedulable pod",
+    )
+    assert limited["reason"] == "PodsUnschedulable"
+    assert f"decode: 1 pod(s) cannot be scheduled ({POOL}-decode-0)" in limited["message"]
+    assert "Insufficient cpu" in limited["message"]
+    eventually(
+        lambda: "Insufficient cpu" in event_reasons(admin_kube, namespace, POOL).get("ScalingLimited", ""),
+        15,
+        "a ScalingLimited event with the scheduler's words",
+    )

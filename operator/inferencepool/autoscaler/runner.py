@@ -75,6 +75,7 @@ class _Role:
     observed_milliseconds: int | None = None
     last_scaling: ScalingDecision | None = None
     limited: str | None = None  # why the role wants more than maxReplicas, while it does
+    unschedulable: str | None = None  # pods the scheduler cannot place (no GPUs free, say), while there are
 
 
 @dataclass
@@ -252,6 +253,7 @@ class PoolAutoscaler:
         ready = int(workload.get("status", {}).get("readyReplicas", 0))
         selector = f"{labels.LABEL_POOL}={self.name},{labels.LABEL_ROLE}={role}"
         pods = await asyncio.to_thread(self.kube.list, "v1", "Pod", self.namespace, selector)
+        state.unschedulable = _unschedulable(pods)
         urls = dict(found for pod in pods if (found := _ready_pod_url(pod)) is not None)
         metric, label = METRIC[role]
         pages = await asyncio.gather(*(self._scrape(url) for url in urls.values()))
@@ -272,7 +274,7 @@ class PoolAutoscaler:
         if change is None:
             # Not two readings of any pod yet (just started, or no pod answers): nothing to decide on.
             if not read_any:
-                log.info("%s/%s %s: no engine metrics to read yet", self.namespace, self.name, role)
+                log.debug("%s/%s %s: no engine metrics to read yet", self.namespace, self.name, role)
             return None
         observed = change.quantile(settings.target.percentile / 100)
         state.observed_milliseconds = None if observed is None else round(observed * 1000)
@@ -334,17 +336,22 @@ class PoolAutoscaler:
             status["router"] = router
         if not self._roles:
             return status  # nothing autoscales: no ScalingLimited to report
-        limited = [f"{role}: {state.limited}" for role, state in self._roles.items() if state.limited]
+        stuck = [
+            f"{role}: {state.unschedulable}" for role, state in self._roles.items() if state.unschedulable
+        ]
+        at_max = [f"{role}: {state.limited}" for role, state in self._roles.items() if state.limited]
+        limited = stuck + at_max
         if bool(limited) != self._limited:
             if limited:
                 self._post_event(self._ref(), "Warning", "ScalingLimited", "; ".join(limited))
             self._limited = bool(limited)
             self._transition = self._wall_clock()
+        reason = "PodsUnschedulable" if stuck else "AtMaxReplicas" if at_max else "WithinLimits"
         status["conditions"] = [
             {
                 "type": CONDITION_SCALING_LIMITED,
                 "status": "True" if limited else "False",
-                "reason": "AtMaxReplicas" if limited else "WithinLimits",
+                "reason": reason,
                 "message": "; ".join(limited)
                 if limited
                 else "every autoscaled pool is within its replica bounds",
@@ -427,3 +434,23 @@ def _ready_pod_url(pod: dict[str, Any], port_name: str = "http") -> tuple[str, s
                 host = f"[{ip}]" if ":" in ip else ip
                 return str(pod["metadata"]["name"]), f"http://{host}:{port['containerPort']}"
     return None
+
+
+def _unschedulable(pods: list[dict[str, Any]]) -> str | None:
+    """Pods the scheduler has found no node for, with its own words (e.g. Insufficient nvidia.com/gpu)."""
+    stuck: dict[str, str] = {}
+    for pod in pods:
+        status = pod.get("status") or {}
+        if status.get("phase") != "Pending":
+            continue
+        for condition in status.get("conditions") or []:
+            if (condition.get("type"), condition.get("status"), condition.get("reason")) == (
+                "PodScheduled",
+                "False",
+                "Unschedulable",
+            ):
+                stuck[str(pod["metadata"]["name"])] = str(condition.get("message") or "no node fits")
+    if not stuck:
+        return None
+    names = ", ".join(sorted(stuck))
+    return f"{len(stuck)} pod(s) cannot be scheduled ({names}): {next(iter(stuck.values()))}"
