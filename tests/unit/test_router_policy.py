@@ -7,7 +7,7 @@ import pytest
 from inferencepool.router.config import AdaptiveThresholdConfig
 from inferencepool.router.pods import PodSet, PodSpec
 from inferencepool.router.policy import Route, choose_route
-from inferencepool.router.threshold import SampleWindow, next_threshold, percentile
+from inferencepool.router.threshold import SampleWindow, adapt, next_threshold, percentile
 
 
 @pytest.mark.parametrize(
@@ -130,12 +130,24 @@ def test_percentile_is_nearest_rank() -> None:
         percentile([], 90)
 
 
-def test_sample_window_keeps_the_latest_and_empties_on_take() -> None:
+def test_sample_window_keeps_the_latest_and_empties_once_used() -> None:
     window = SampleWindow(capacity=3)
     for value in range(5):
         window.add(value)
-    assert window.take() == [2, 3, 4]
-    assert window.take() == []
+    assert window.recent() == [2, 3, 4]
+    window.next_round(consumed=True)
+    assert window.recent() == []
+
+
+def test_unused_samples_wait_a_few_intervals_for_company_then_expire() -> None:
+    window = SampleWindow(keep_rounds=3)
+    window.add(1.0)
+    window.next_round(consumed=False)
+    window.add(2.0)
+    window.next_round(consumed=False)
+    assert window.recent() == [1.0, 2.0]
+    window.next_round(consumed=False)
+    assert window.recent() == [2.0]  # the first is 3 intervals old now
 
 
 ADAPT = AdaptiveThresholdConfig(
@@ -172,3 +184,19 @@ def test_threshold_returns_toward_base_when_both_pools_are_comfortable() -> None
     assert _decide(8000, prefill_s=0.01, itl_s=0.005) == 5333
     assert _decide(4500, prefill_s=0.01, itl_s=0.005) == 4000
     assert _decide(1000, prefill_s=0.01, itl_s=0.005) == 1500
+
+
+def test_a_quiet_prefill_signal_is_judged_once_enough_samples_gathered_over_intervals() -> None:
+    """Few long prompts: 2 prefill legs per interval, 5 needed. The old per-interval window never decided."""
+    prefill, itl = SampleWindow(), SampleWindow()
+    threshold, reasons = 4000, []
+    for _ in range(3):
+        for _ in range(2):
+            prefill.add(0.5)  # 5x the TTFT target: prefill queues
+        for _ in range(50):
+            itl.add(0.005)  # decode has headroom
+        decision = adapt(threshold, 4000, ADAPT, prefill, itl)
+        threshold = decision.threshold
+        reasons.append(decision.judged)
+    assert reasons == [False, False, True] and threshold == 6000
+    assert prefill.recent() == [] and itl.recent() == []  # used: the next interval judges fresh load

@@ -36,7 +36,7 @@ from inferencepool.router.metrics import LiveState, RouterMetrics
 from inferencepool.router.pods import EngineRole, Pod, PodSet
 from inferencepool.router.policy import Route, choose_route
 from inferencepool.router.prompt import BadRequest, Endpoint, Prompt, read_prompt
-from inferencepool.router.threshold import SampleWindow, next_threshold
+from inferencepool.router.threshold import SampleWindow, adapt
 from inferencepool.router.tokens import EstimateCounter, HFTokenCounter, TokenCounter
 
 log = logging.getLogger("inferencepool.router")
@@ -550,12 +550,12 @@ class Router:
         settings = self.config.adaptive_threshold
         while True:
             await asyncio.sleep(settings.interval_seconds)
-            decision = next_threshold(
+            decision = adapt(
                 self.threshold,
                 self.config.prefill_threshold_tokens,
                 settings,
-                self._prefill_samples.take(),
-                self._itl_samples.take(),
+                self._prefill_samples,
+                self._itl_samples,
             )
             if decision.threshold != self.threshold:
                 direction = "up" if decision.threshold > self.threshold else "down"

@@ -9,7 +9,9 @@ rule:
 - both over target                         -> hold (capacity is the autoscaler's job, not routing's);
 - both comfortable                         -> drift back toward the configured threshold.
 
-Each move is a fixed relative step, clamped to the configured bounds, at most once per interval.
+Each move is a fixed relative step, clamped to the configured bounds, at most once per interval. An interval
+with too few samples of either signal (few long prompts, so few prefill legs) carries its samples over to the
+next, for at most KEEP_ROUNDS intervals: a quiet signal is still judged, on load no older than that.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from inferencepool.router.config import AdaptiveThresholdConfig
 
 # Below this share of its target a pool has headroom to take more work.
 HEADROOM = 0.8
+# Intervals a sample may wait for enough company before it is too old to judge load by.
+KEEP_ROUNDS = 6
 
 
 def percentile(values: Iterable[float], pct: int) -> float:
@@ -36,26 +40,46 @@ def percentile(values: Iterable[float], pct: int) -> float:
 
 @dataclass
 class SampleWindow:
-    """The latest samples of one signal, emptied at each decision so each interval judges fresh load."""
+    """Samples of one signal not yet used by a decision, from the last `keep_rounds` intervals at most."""
 
     capacity: int = 2048
-    values: deque[float] = field(default_factory=deque)
+    keep_rounds: int = KEEP_ROUNDS
+    values: deque[tuple[int, float]] = field(default_factory=deque)  # (interval added, value)
+    round: int = 0
 
     def add(self, value: float) -> None:
         if len(self.values) >= self.capacity:
             self.values.popleft()
-        self.values.append(value)
+        self.values.append((self.round, value))
 
-    def take(self) -> list[float]:
-        taken = list(self.values)
-        self.values.clear()
-        return taken
+    def recent(self) -> list[float]:
+        oldest = self.round - self.keep_rounds + 1
+        while self.values and self.values[0][0] < oldest:
+            self.values.popleft()
+        return [value for _, value in self.values]
+
+    def next_round(self, consumed: bool) -> None:
+        """End an interval; `consumed`: a decision used the samples, so the next one judges fresh load."""
+        if consumed:
+            self.values.clear()
+        self.round += 1
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
     threshold: int
     reason: str
+    judged: bool = True  # False: too few samples, nothing was decided
+
+
+def adapt(
+    current: int, base: int, config: AdaptiveThresholdConfig, prefill: SampleWindow, itl: SampleWindow
+) -> Decision:
+    """One interval's decision from the windows, which then start the next interval."""
+    decision = next_threshold(current, base, config, prefill.recent(), itl.recent())
+    prefill.next_round(decision.judged)
+    itl.next_round(decision.judged)
+    return decision
 
 
 def next_threshold(
@@ -67,7 +91,7 @@ def next_threshold(
 ) -> Decision:
     """Decide the threshold for the next interval from one interval of samples."""
     if len(prefill_leg_seconds) < config.min_samples or len(decode_itl_seconds) < config.min_samples:
-        return Decision(current, "too few samples to judge load")
+        return Decision(current, "too few samples to judge load", judged=False)
     prefill_load = percentile(prefill_leg_seconds, config.percentile) * 1000 / config.ttft_target_milliseconds
     decode_load = percentile(decode_itl_seconds, config.percentile) * 1000 / config.itl_target_milliseconds
     factor = 1 + config.step_percent / 100

@@ -2,7 +2,7 @@
 
 Engines are `EngineCore`s (the fake engine's timing and KV model). The router part is the production code:
 `choose_route` decides direct vs disaggregated, `PodSet.pick` picks the pod (least outstanding, bounded-load
-prefix affinity), `next_threshold` moves an adaptive threshold from the same router-observed samples the
+prefix affinity), `adapt` moves an adaptive threshold from the same router-observed samples the
 router collects. A disaggregated request runs a one-token prefill leg on a prefill engine that keeps its KV
 (NIXL `remote_decode`), then a decode leg on a decode engine that reads that KV (`remote_prefill`): the
 decode engine asks for the read, the simulator releases the prefill engine's hold as NIXL's side channel
@@ -43,7 +43,7 @@ from inferencepool.router.config import AdaptiveThresholdConfig, PrefixAffinityC
 from inferencepool.router.pods import EngineRole, Pod, PodSet, PodSpec
 from inferencepool.router.policy import Route, choose_route
 from inferencepool.router.prompt import Prompt
-from inferencepool.router.threshold import SampleWindow, next_threshold
+from inferencepool.router.threshold import SampleWindow, adapt
 from inferencepool.router.tokens import EstimateCounter
 from inferencepool.sim.workload import TraceRequest, prompt_ids
 
@@ -566,12 +566,8 @@ class ClusterSim:
     def _adapt_threshold(self) -> None:
         config = self.scenario.adaptive
         assert config is not None
-        decision = next_threshold(
-            self.threshold,
-            self.scenario.threshold_tokens,
-            config,
-            self.prefill_samples.take(),
-            self.itl_samples.take(),
+        decision = adapt(
+            self.threshold, self.scenario.threshold_tokens, config, self.prefill_samples, self.itl_samples
         )
         if decision.threshold != self.threshold:
             self.threshold = decision.threshold
