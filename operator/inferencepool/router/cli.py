@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -111,6 +112,12 @@ async def _main(config: RouterConfig, host: str, port: int) -> int:
     from inferencepool.router.server import Router, counter_for, serve
 
     router = Router(config, counter_for(config))
+    # Everything loaded so far (modules, the tokenizer, the Kubernetes client) lives as long as the process:
+    # keep it out of the collector's sight, so a full collection under load scans only request-time objects.
+    # Measured under P/D load at concurrency 32 for 8 s: one full collection paused the loop 44 ms without
+    # this, none with it.
+    gc.collect()
+    gc.freeze()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
