@@ -42,9 +42,11 @@ STATE: dict[str, asyncio.Event] = {}
 
 
 @contextlib.asynccontextmanager
-async def _server(handler: Callable[[Request, Reply], Awaitable[None]] = _handler) -> AsyncIterator[int]:
+async def _server(
+    handler: Callable[[Request, Reply], Awaitable[None]] = _handler, **timeouts: float
+) -> AsyncIterator[int]:
     STATE.update(waiting=asyncio.Event(), cancelled=asyncio.Event())
-    server = Server(handler, LIMIT, transport_error)
+    server = Server(handler, LIMIT, transport_error, **timeouts)
     port = await server.listen("127.0.0.1", 0)
     try:
         yield port
@@ -75,6 +77,28 @@ async def test_pipelined_requests_are_answered_in_order_and_close_is_honoured() 
     assert answer.count(b"HTTP/1.1 200 OK") == 2
     assert answer.index(b'"path": "/a"') < answer.index(b'"path": "/b"')
     assert answer.count(b"Connection: close") == 1
+
+
+async def test_many_pipelined_requests_are_all_answered_in_order() -> None:
+    async with _server() as port:
+        raw = b"".join(_post(f"/{n}", b"x") for n in range(40)) + _post(
+            "/last", b"x", "Connection: close\r\n"
+        )
+        answer = await _exchange(port, raw)
+    paths = [int(chunk.split(b'"')[0]) for chunk in answer.split(b'"path": "/')[1:-1]]
+    assert paths == list(range(40)) and answer.count(b"HTTP/1.1 200 OK") == 41
+
+
+async def test_idle_connections_close_and_stalled_requests_get_408() -> None:
+    async with _server(keepalive_seconds=0.3, read_seconds=0.3) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_post("/a", b"one"))
+        first = await asyncio.wait_for(reader.readuntil(b"}"), 5)
+        assert first.startswith(b"HTTP/1.1 200")
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed once idle past the keep-alive
+        writer.close()
+        stalled = await _exchange(port, b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhalf")
+    assert stalled.startswith(b"HTTP/1.1 408") and b"not received within 0.3 s" in stalled
 
 
 async def test_chunked_stream_and_http10_close_delimited_stream() -> None:

@@ -36,6 +36,7 @@ FailureKind = Literal["connect", "disconnect", "timeout", "protocol"]
 
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_MAX_PIPELINED = 16  # requests read ahead of their answers on one connection
 _LAST_CHUNK = b"0\r\n\r\n"
 
 
@@ -136,20 +137,44 @@ Handler = Callable[[Request, Reply], Awaitable[None]]
 
 
 class Server:
-    """Routes requests to `handler`; `limit` is the largest request body accepted (413 beyond)."""
+    """Routes requests to `handler`; `limit` is the largest request body accepted (413 beyond).
 
-    def __init__(self, handler: Handler, limit: int, on_error: Callable[[int, str], bytes]) -> None:
+    Connections that hold resources without using them are closed by a sweep every few seconds: an idle
+    keep-alive connection after `keepalive_seconds` (aiohttp's and nginx's 75 s), a request still being read
+    after `read_seconds` (a slow or stalled sender gets 408).
+    """
+
+    def __init__(
+        self,
+        handler: Handler,
+        limit: int,
+        on_error: Callable[[int, str], bytes],
+        keepalive_seconds: float = 75.0,
+        read_seconds: float = 60.0,
+    ) -> None:
         self.handler = handler
         self.limit = limit
         self.error_body = on_error
+        self.keepalive_seconds = keepalive_seconds
+        self.read_seconds = read_seconds
         self.draining = False
         self.connections: set[_ServerConnection] = set()
         self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     async def listen(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _ServerConnection(self), host, port, backlog=1024)
+        self._sweeper = loop.create_task(self._sweep())
         return int(self._server.sockets[0].getsockname()[1])
+
+    async def _sweep(self) -> None:
+        period = min(5.0, self.keepalive_seconds / 2, self.read_seconds / 2)
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                conn.expire(now)
 
     def stop_accepting(self) -> None:
         """New connections are refused; idle keep-alive ones are closed, busy ones close after their reply."""
@@ -160,6 +185,8 @@ class Server:
             conn.close_if_idle()
 
     def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for conn in list(self.connections):
             conn.abort()
 
@@ -180,6 +207,17 @@ class _ServerConnection(asyncio.Protocol):
         self._task: asyncio.Task[None] | None = None
         self._paused = False
         self._closing = False
+        self._idle_since: float | None = time.monotonic()  # None while a request is read or answered
+        self._reading_since: float | None = None  # a request began arriving and is not complete yet
+
+    def expire(self, now: float) -> None:
+        """Close what the server's sweep finds stale (see Server)."""
+        if self._task is not None:
+            return
+        if self._reading_since is not None and now - self._reading_since > self.server.read_seconds:
+            self._reject(408, f"the request was not received within {self.server.read_seconds:g} s")
+        elif self._idle_since is not None and now - self._idle_since > self.server.keepalive_seconds:
+            self._close()
 
     # transport callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -219,6 +257,8 @@ class _ServerConnection(asyncio.Protocol):
 
     # parser callbacks
     def on_message_begin(self) -> None:
+        self._reading_since = time.monotonic()
+        self._idle_since = None
         self._url = b""
         self._headers = {}
         self._body = []
@@ -248,6 +288,7 @@ class _ServerConnection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._reading_since = None
         if self._rejected:
             return
         url = self._url.decode("latin-1")
@@ -263,6 +304,8 @@ class _ServerConnection(asyncio.Protocol):
             self._run(request)
         else:
             self._pending.append(request)
+            if len(self._pending) >= _MAX_PIPELINED and self._transport is not None:
+                self._transport.pause_reading()  # a client far ahead of its answers waits for them
 
     # replies
     def _run(self, request: Request) -> None:
@@ -291,7 +334,11 @@ class _ServerConnection(asyncio.Protocol):
         if close or self.server.draining or self._rejected:
             self._close()
         elif self._pending:
+            if len(self._pending) == _MAX_PIPELINED and self._transport is not None:
+                self._transport.resume_reading()
             self._run(self._pending.popleft())
+        elif self._reading_since is None:
+            self._idle_since = time.monotonic()
 
     def write(self, data: bytes) -> None:
         if not self.lost and self._transport is not None:
