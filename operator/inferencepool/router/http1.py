@@ -52,6 +52,11 @@ def _head(status: int, content_type: str, headers: Headers, framing: bytes, clos
     return b"".join(lines)
 
 
+def _whole(status: int, content_type: str, headers: Headers, body: bytes, close: bool) -> bytes:
+    """A complete response with a Content-Length body."""
+    return _head(status, content_type, headers, b"Content-Length: %d\r\n" % len(body), close) + body
+
+
 def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
@@ -98,8 +103,7 @@ class Reply:
     ) -> None:
         self.started = self.finished = True
         close = not self._keep_alive or self._conn.server.draining
-        framing = b"Content-Length: %d\r\n" % len(body)
-        self._conn.write(_head(status, content_type, headers, framing, close) + body)
+        self._conn.write(_whole(status, content_type, headers, body, close))
         self._conn.reply_done(close)
 
     def start(self, status: int, content_type: str, headers: Headers = ()) -> None:
@@ -364,9 +368,7 @@ class _ServerConnection(asyncio.Protocol):
         self._rejected = True
         if self._task is not None:
             return  # a reply is being written on this connection; closing after it is all that is left
-        body = self.server.error_body(status, message)
-        framing = b"Content-Length: %d\r\n" % len(body)
-        self.write(_head(status, "application/json", (), framing, True) + body)
+        self.write(_whole(status, "application/json", (), self.server.error_body(status, message), True))
         self._close()
 
     def _too_large(self) -> None:
@@ -506,15 +508,7 @@ class UpstreamResponse:
 
     async def body(self) -> bytes:
         """The whole body; a body that stalls for the idle timeout fails with kind timeout."""
-        done = self._conn.finished()
-        if not done.done():
-            self._arm()
-            try:
-                await done
-            finally:
-                if self._timer is not None:
-                    self._timer.cancel()
-        done.result()
+        await self._until_done()
         return self._conn.take_buffer()
 
     async def relay(self, on_data: Callable[[bytes], None], on_flush: Callable[[], None]) -> None:
@@ -526,7 +520,11 @@ class UpstreamResponse:
             on_data(early)
             on_flush()
         conn.attach(on_data, on_flush)
-        done = conn.finished()
+        await self._until_done()
+
+    async def _until_done(self) -> None:
+        """Wait for the end of the body, failing it (kind timeout) when the engine falls silent."""
+        done = self._conn.finished()
         if not done.done():
             self._arm()
             try:
