@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from inferencepool.api import labels
+from inferencepool.api.pods import http_url, is_ready
 
 DEFAULT_POOL_FILE = Path("examples/demo-cpu.yaml")
 
@@ -89,19 +90,10 @@ def router_address(kubectl: Kubectl, namespace: str, pool_name: str) -> str:
     """The router pod's IP: Services get no endpoints on loopback pod IPs, so go to the pod (see README)."""
     selector = f"{labels.LABEL_POOL}={pool_name},{labels.LABEL_ROLE}=router"
     pods = kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]
-    ready = [
-        p
-        for p in pods
-        if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
-    ]
-    if not ready:
+    urls = [url for pod in pods if is_ready(pod) and (url := http_url(pod)) is not None]
+    if not urls:
         raise RuntimeError(f"no Ready router pod for pool {pool_name}")
-    port = next(
-        port["containerPort"]
-        for port in ready[0]["spec"]["containers"][0].get("ports", [])
-        if port.get("name") == "http"
-    )
-    return f"http://{ready[0]['status']['podIP']}:{port}"
+    return urls[0]
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from typing import Any
 import aiohttp
 
 from inferencepool.api import labels
+from inferencepool.api.pods import http_url, is_ready
 from inferencepool.api.v1alpha1 import (
     API_VERSION,
     CONDITION_SCALING_LIMITED,
@@ -214,14 +215,9 @@ class PoolAutoscaler:
 
     async def _observe_router(self, now: float, window_seconds: float) -> None:
         """Share of requests that went through the prefill pool, and the threshold the routers hold."""
-        selector = f"{labels.LABEL_POOL}={self.name},{labels.LABEL_ROLE}=router"
-        pods = await asyncio.to_thread(self.kube.list, "v1", "Pod", self.namespace, selector)
-        urls = dict(found for pod in pods if (found := _ready_pod_url(pod)) is not None)
-        pages = await asyncio.gather(*(self._scrape(url) for url in urls.values()))
+        ready_pods, pages = await self._scrape_ready(await self._pods("router"))
         thresholds: list[float] = []
-        for name, page in zip(urls, pages, strict=True):
-            if page is None:
-                continue
+        for name, page in pages:
             try:
                 counts = read_counts(page, ROUTER_REQUESTS, "route", ROUTES)
                 threshold = read_gauge(page, ROUTER_THRESHOLD)
@@ -232,7 +228,7 @@ class PoolAutoscaler:
                 self._routes.add(name, now, counts)
             if threshold is not None:
                 thresholds.append(threshold)
-        self._routes.keep_only(set(urls))
+        self._routes.keep_only(ready_pods)
         change = self._routes.delta(now, window_seconds)
         total = sum(change.values) if change is not None else 0.0
         if change is not None:
@@ -251,16 +247,12 @@ class PoolAutoscaler:
             return None  # not created yet
         current = int(workload.get("spec", {}).get("replicas", 0))
         ready = int(workload.get("status", {}).get("readyReplicas", 0))
-        selector = f"{labels.LABEL_POOL}={self.name},{labels.LABEL_ROLE}={role}"
-        pods = await asyncio.to_thread(self.kube.list, "v1", "Pod", self.namespace, selector)
+        pods = await self._pods(role)
         state.unschedulable = _unschedulable(pods)
-        urls = dict(found for pod in pods if (found := _ready_pod_url(pod)) is not None)
+        ready_pods, pages = await self._scrape_ready(pods)
         metric, label = METRIC[role]
-        pages = await asyncio.gather(*(self._scrape(url) for url in urls.values()))
         read_any = False
-        for name, page in zip(urls, pages, strict=True):
-            if page is None:
-                continue
+        for name, page in pages:
             try:
                 histogram = read_histogram(page, metric)
             except MetricsError as error:
@@ -269,7 +261,7 @@ class PoolAutoscaler:
             if histogram is not None:
                 state.window.add(name, now, histogram)
                 read_any = True
-        state.window.keep_only(set(urls))
+        state.window.keep_only(ready_pods)
         change = state.window.delta(now, settings.window_seconds)
         if change is None:
             # Not two readings of any pod yet (just started, or no pod answers): nothing to decide on.
@@ -281,6 +273,20 @@ class PoolAutoscaler:
         target = self.pool.spec.target_milliseconds(role)
         assert target is not None  # autoscaling is on, so the spec rules require the role's target
         return state.recommender.decide(now, current, ready, observed, target, settings, label)
+
+    async def _pods(self, role: str) -> list[dict[str, Any]]:
+        selector = f"{labels.LABEL_POOL}={self.name},{labels.LABEL_ROLE}={role}"
+        return await asyncio.to_thread(self.kube.list, "v1", "Pod", self.namespace, selector)
+
+    async def _scrape_ready(self, pods: list[dict[str, Any]]) -> tuple[set[str], list[tuple[str, str]]]:
+        """The names of the ready pods, and the metrics pages of those that answered."""
+        urls = {
+            str(pod["metadata"]["name"]): url
+            for pod in pods
+            if is_ready(pod) and (url := http_url(pod)) is not None
+        }
+        pages = await asyncio.gather(*(self._scrape(url) for url in urls.values()))
+        return set(urls), [(name, page) for name, page in zip(urls, pages, strict=True) if page is not None]
 
     async def _scrape(self, url: str) -> str | None:
         try:
@@ -417,23 +423,6 @@ class Autoscalers:
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-
-def _ready_pod_url(pod: dict[str, Any], port_name: str = "http") -> tuple[str, str] | None:
-    """(name, http://ip:port) of a ready pod, by its container port named `port_name`."""
-    status = pod.get("status") or {}
-    ip = status.get("podIP")
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
-    )
-    if not ip or not ready:
-        return None
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        for port in container.get("ports") or []:
-            if port.get("name") == port_name:
-                host = f"[{ip}]" if ":" in ip else ip
-                return str(pod["metadata"]["name"]), f"http://{host}:{port['containerPort']}"
-    return None
 
 
 def _unschedulable(pods: list[dict[str, Any]]) -> str | None:

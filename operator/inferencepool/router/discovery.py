@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from inferencepool.api import labels
+from inferencepool.api.pods import http_url, is_ready
 from inferencepool.router.config import DEFAULT_ENGINE_PORT, StaticBackends
 from inferencepool.router.pods import EngineRole, PodSpec
 
@@ -39,14 +40,6 @@ def static_pods(backends: StaticBackends) -> Snapshot:
     return specs
 
 
-def _container_port(spec: Mapping[str, Any], port_name: str) -> int:
-    for container in spec.get("containers") or []:
-        for port in container.get("ports") or []:
-            if port.get("name") == port_name and port.get("containerPort"):
-                return int(port["containerPort"])
-    return DEFAULT_ENGINE_PORT
-
-
 def pod_spec_from_object(pod: Mapping[str, Any], port_name: str = "http") -> PodSpec | None:
     """A Pod (as the API server serializes it, camelCase) -> what the router needs, or None if not routable
     yet."""
@@ -54,21 +47,14 @@ def pod_spec_from_object(pod: Mapping[str, Any], port_name: str = "http") -> Pod
     role = (metadata.get("labels") or {}).get(labels.LABEL_ROLE)
     if role not in ("prefill", "decode"):
         return None
-    status = pod.get("status") or {}
-    ip = status.get("podIP")
-    if not ip:
-        return None
-    ready = any(
-        condition.get("type") == "Ready" and condition.get("status") == "True"
-        for condition in status.get("conditions") or []
-    )
-    port = _container_port(pod.get("spec") or {}, port_name)
-    host = f"[{ip}]" if ":" in ip else ip
+    url = http_url(pod, port_name, DEFAULT_ENGINE_PORT)
+    if url is None:
+        return None  # no IP yet
     return PodSpec(
         name=str(metadata.get("name")),
-        url=f"http://{host}:{port}",
+        url=url,
         role=role,
-        ready=ready and status.get("phase") == "Running",
+        ready=is_ready(pod) and (pod.get("status") or {}).get("phase") == "Running",
         terminating=metadata.get("deletionTimestamp") is not None,
     )
 
