@@ -16,6 +16,7 @@ from inferencepool.autoscaler.histogram import (
     Histogram,
     MetricsError,
     Window,
+    parse_page,
     read_counts,
     read_gauge,
     read_histogram,
@@ -52,16 +53,16 @@ def hist(*counts: float, total: float = 0.0) -> Histogram:
 
 def test_histogram_is_summed_over_label_sets_and_absent_is_none() -> None:
     text = page(TTFT_METRIC, {"a": (1, 2, 3, 3), "b": (0, 5, 5, 6)}, total=2.0)
-    assert read_histogram(text, TTFT_METRIC) == Histogram(BOUNDS, (1, 7, 8, 9), 4.0)
-    assert read_histogram(text, ITL_METRIC) is None
+    assert read_histogram(parse_page(text), TTFT_METRIC) == Histogram(BOUNDS, (1, 7, 8, 9), 4.0)
+    assert read_histogram(parse_page(text), ITL_METRIC) is None
 
 
 def test_unreadable_pages_are_named_errors() -> None:
     with pytest.raises(MetricsError, match="does not parse"):
-        read_histogram('vllm:x_bucket{le="0.1" 3\n', "vllm:x")
+        parse_page('vllm:x_bucket{le="0.1" 3\n')
     no_inf = f'# TYPE {ITL_METRIC} histogram\n{ITL_METRIC}_bucket{{le="0.1"}} 3\n'
     with pytest.raises(MetricsError, match="no \\+Inf bucket"):
-        read_histogram(no_inf, ITL_METRIC)
+        read_histogram(parse_page(no_inf), ITL_METRIC)
 
 
 @pytest.mark.parametrize(
@@ -115,7 +116,7 @@ def router_page() -> str:
 
 
 def test_router_counters_by_route_and_gauge() -> None:
-    page_text = router_page()
+    page_text = parse_page(router_page())
     routes = ("direct", "disaggregated", "fallback")
     counts = read_counts(page_text, "inferencepool_router_requests", "route", routes)
     assert counts == Counts((30.0, 10.0, 0.0))  # a route not served yet counts 0

@@ -80,26 +80,37 @@ class Histogram:
         return lower_bound
 
 
-def read_histogram(text: str, name: str) -> Histogram | None:
-    """The histogram `name` from a Prometheus text page, summed over its label sets; None when absent.
+# A parsed metrics page: family name -> its samples (name, labels, value).
+Page = dict[str, list[tuple[str, dict[str, str], float]]]
 
-    Raises MetricsError for a page that does not parse or a histogram without a +Inf bucket.
-    """
+
+def parse_page(text: str) -> Page:
+    """A Prometheus text page, parsed once for every reading below; MetricsError when it does not parse."""
     try:
-        families = list(text_string_to_metric_families(text))
+        return {
+            family.name: [(sample.name, sample.labels, sample.value) for sample in family.samples]
+            for family in text_string_to_metric_families(text)
+        }
     except ValueError as error:
         raise MetricsError(f"metrics page does not parse: {error}") from error
-    family = next((f for f in families if f.name == name), None)
-    if family is None:
+
+
+def read_histogram(page: Page, name: str) -> Histogram | None:
+    """The histogram `name`, summed over its label sets; None when absent.
+
+    Raises MetricsError for a histogram without a +Inf bucket.
+    """
+    samples = page.get(name)
+    if samples is None:
         return None
     buckets: dict[float, float] = {}
     total_sum = 0.0
-    for sample in family.samples:
-        if sample.name == f"{name}_bucket":
-            bound = float(sample.labels["le"])
-            buckets[bound] = buckets.get(bound, 0.0) + sample.value
-        elif sample.name == f"{name}_sum":
-            total_sum += sample.value
+    for sample_name, labels, value in samples:
+        if sample_name == f"{name}_bucket":
+            bound = float(labels["le"])
+            buckets[bound] = buckets.get(bound, 0.0) + value
+        elif sample_name == f"{name}_sum":
+            total_sum += value
     if not buckets:
         return None
     if math.inf not in buckets:
@@ -125,22 +136,11 @@ class Counts:
         return Counts(tuple(a + b for a, b in zip(self.values, other.values, strict=True)))
 
 
-def _families(text: str) -> dict[str, list[tuple[str, dict[str, str], float]]]:
-    try:
-        return {
-            family.name: [(s.name, s.labels, s.value) for s in family.samples]
-            for family in text_string_to_metric_families(text)
-        }
-    except ValueError as error:
-        raise MetricsError(f"metrics page does not parse: {error}") from error
-
-
-def read_counts(text: str, name: str, label: str, keys: tuple[str, ...]) -> Counts | None:
+def read_counts(page: Page, name: str, label: str, keys: tuple[str, ...]) -> Counts | None:
     """The counter `name` per value of `label`, in the order of `keys` (absent values count 0); None when the
     page has no such counter."""
-    families = _families(text)
     # prometheus_client's text format names the family `<name>_total`; OpenMetrics names it `<name>`.
-    samples = families.get(name, families.get(f"{name}_total"))
+    samples = page.get(name, page.get(f"{name}_total"))
     if samples is None:
         return None
     values = dict.fromkeys(keys, 0.0)
@@ -151,8 +151,8 @@ def read_counts(text: str, name: str, label: str, keys: tuple[str, ...]) -> Coun
     return Counts(tuple(values[key] for key in keys))
 
 
-def read_gauge(text: str, name: str) -> float | None:
-    samples = _families(text).get(name)
+def read_gauge(page: Page, name: str) -> float | None:
+    samples = page.get(name)
     return samples[0][2] if samples else None
 
 

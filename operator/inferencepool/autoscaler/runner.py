@@ -45,6 +45,7 @@ from inferencepool.autoscaler.histogram import (
     Histogram,
     MetricsError,
     Window,
+    parse_page,
     read_counts,
     read_gauge,
     read_histogram,
@@ -219,8 +220,9 @@ class PoolAutoscaler:
         thresholds: list[float] = []
         for name, page in pages:
             try:
-                counts = read_counts(page, ROUTER_REQUESTS, "route", ROUTES)
-                threshold = read_gauge(page, ROUTER_THRESHOLD)
+                parsed = parse_page(page)
+                counts = read_counts(parsed, ROUTER_REQUESTS, "route", ROUTES)
+                threshold = read_gauge(parsed, ROUTER_THRESHOLD)
             except MetricsError as error:
                 log.warning("router pod %s/%s: %s", self.namespace, name, error)
                 continue
@@ -254,7 +256,7 @@ class PoolAutoscaler:
         read_any = False
         for name, page in pages:
             try:
-                histogram = read_histogram(page, metric)
+                histogram = read_histogram(parse_page(page), metric)
             except MetricsError as error:
                 log.warning("pod %s/%s: %s", self.namespace, name, error)
                 continue
