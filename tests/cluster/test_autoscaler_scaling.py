@@ -174,6 +174,7 @@ def test_pods_the_scheduler_cannot_place_are_reported_as_scaling_limited(
     spec["prefill"].pop("autoscaling")
     # More CPU than any node has: the scheduler leaves the pod Pending, as it would with no free GPU.
     spec["decode"]["resources"] = {"requests": {"cpu": "5000"}}
+    spec["decode"]["replicas"] = 1  # one pod, so the message names exactly it
     spec["decode"]["autoscaling"] = {
         "minReplicas": 1,
         "maxReplicas": 2,
