@@ -323,25 +323,16 @@ class Router:
     ) -> bytes | None:
         """Run the prefill leg; the decode leg's body on success, None when it failed (the caller falls
         back)."""
-        payload = orjson.dumps(handshake.nixl_prefill_body(body))
         started = time.monotonic()
-        try:
-            leg = await self._open(
-                "prefill", path, payload, headers, affinity, False, self.config.timeouts.prefill_seconds
-            )
-        except UpstreamError as error:
-            log.warning("prefill leg failed, serving colocated: %s", error)
-            self.metrics.fallbacks.labels("prefill_failed").inc()
+        payload = orjson.dumps(handshake.nixl_prefill_body(body))
+        answered = await self._prefill_leg(path, payload, headers, affinity)
+        if answered is None:
             return None
-        answer = await self._prefill_answer(leg)
-        if answer is None:
-            return None
+        pod, answer = answered
         try:
             decode_body = handshake.nixl_decode_body(body, answer)
         except ValueError as error:
-            log.warning("prefill leg on %s failed, serving colocated: %s", leg.pod.name, error)
-            self.metrics.upstream_errors.labels(leg.pod.name, leg.pod.role, "protocol").inc()
-            self.metrics.fallbacks.labels("prefill_failed").inc()
+            self._prefill_failed(pod, "protocol", error)
             return None
         self._prefill_done(started)
         return orjson.dumps(decode_body)
@@ -360,8 +351,33 @@ class Router:
         # The router's own id: a client's X-Request-Id may repeat, a transfer id must not.
         transfer_id = uuid.uuid4().hex
         pushed = self._notifications.expect(transfer_id, len(settings.receiver_init_ports))
-        payload = orjson.dumps(handshake.lmcache_prefill_body(body, transfer_id, decode_pod.host, settings))
         started = time.monotonic()
+        payload = orjson.dumps(handshake.lmcache_prefill_body(body, transfer_id, decode_pod.host, settings))
+        try:
+            answered = await self._prefill_leg(path, payload, headers, affinity)
+            if answered is None:
+                return None, None
+            try:
+                # The engine answers once prefill is done; its push to the decode pod may still be in flight.
+                await asyncio.wait_for(pushed, self.config.timeouts.kv_push_seconds)
+            except TimeoutError:
+                log.warning(
+                    "no KV push notification from %s within %d s: %s prefills by itself",
+                    answered[0].name,
+                    self.config.timeouts.kv_push_seconds,
+                    decode_pod.name,
+                )
+                self.metrics.fallbacks.labels("kv_push_timeout").inc()
+                return None, decode_pod
+        finally:
+            self._notifications.discard(transfer_id)
+        self._prefill_done(started)
+        return orjson.dumps(handshake.lmcache_decode_body(body)), decode_pod
+
+    async def _prefill_leg(
+        self, path: str, payload: bytes, headers: list[tuple[str, str]], affinity: int | None
+    ) -> tuple[Pod, Any] | None:
+        """Send a prefill leg and read its JSON answer: (pod, answer), or None when it failed (counted)."""
         try:
             leg = await self._open(
                 "prefill", path, payload, headers, affinity, False, self.config.timeouts.prefill_seconds
@@ -369,48 +385,25 @@ class Router:
         except UpstreamError as error:
             log.warning("prefill leg failed, serving colocated: %s", error)
             self.metrics.fallbacks.labels("prefill_failed").inc()
-            self._notifications.discard(transfer_id)
-            return None, None
-        except BaseException:
-            self._notifications.discard(transfer_id)
-            raise
-        if await self._prefill_answer(leg) is None:
-            self._notifications.discard(transfer_id)
-            return None, None
-        try:
-            # The engine answers once prefill is done; its push to the decode pod may still be on the wire.
-            await asyncio.wait_for(pushed, self.config.timeouts.kv_push_seconds)
-        except TimeoutError:
-            log.warning(
-                "no KV push notification from %s within %d s: %s prefills by itself",
-                leg.pod.name,
-                self.config.timeouts.kv_push_seconds,
-                decode_pod.name,
-            )
-            self.metrics.fallbacks.labels("kv_push_timeout").inc()
-            return None, decode_pod
-        finally:
-            self._notifications.discard(transfer_id)
-        self._prefill_done(started)
-        return orjson.dumps(handshake.lmcache_decode_body(body)), decode_pod
-
-    async def _prefill_answer(self, leg: _Leg) -> Any:
-        """The prefill pod's decoded JSON answer, or None when it failed (counted)."""
+            return None
         pod = leg.pod
         try:
             if leg.response.status != 200:
                 self.metrics.upstream_errors.labels(pod.name, pod.role, "status").inc()
                 self.metrics.fallbacks.labels("prefill_failed").inc()
                 return None
-            return orjson.loads(await leg.response.body())
+            return pod, orjson.loads(await leg.response.body())
         except (UpstreamFailure, ValueError) as error:
-            log.warning("prefill leg on %s failed, serving colocated: %s", pod.name, error)
-            self.metrics.upstream_errors.labels(pod.name, pod.role, "protocol").inc()
-            self.metrics.fallbacks.labels("prefill_failed").inc()
+            self._prefill_failed(pod, "protocol", error)
             return None
         finally:
             pod.outstanding -= 1
             leg.response.close()
+
+    def _prefill_failed(self, pod: Pod, kind: str, error: Exception) -> None:
+        log.warning("prefill leg on %s failed, serving colocated: %s", pod.name, error)
+        self.metrics.upstream_errors.labels(pod.name, pod.role, kind).inc()
+        self.metrics.fallbacks.labels("prefill_failed").inc()
 
     def _prefill_done(self, started: float) -> None:
         elapsed = time.monotonic() - started
