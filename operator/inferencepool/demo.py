@@ -129,12 +129,14 @@ def show_autoscaler(
     def figures() -> dict[str, Any]:
         return dict(kubectl.json("get", "pdpool", pool_name, "-n", namespace).get("status", {}))
 
+    def all_read(status: dict[str, Any]) -> bool:
+        pools_read = all("observedMilliseconds" in (status.get(role) or {}) for role in ("prefill", "decode"))
+        return pools_read and "disaggregatedPercent" in (status.get("router") or {})
+
     try:
         wait_for(
-            "the autoscaler's first readings",
-            lambda: all(
-                "observedMilliseconds" in (figures().get(role) or {}) for role in ("prefill", "decode")
-            ),
+            "the autoscaler's first readings and the router's split",
+            lambda: all_read(figures()),
             timeout,
             lambda: kubectl("get", "pdpool", pool_name, "-n", namespace, "--no-headers").strip(),
         )
