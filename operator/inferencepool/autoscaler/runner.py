@@ -80,14 +80,6 @@ class _Role:
     unschedulable: str | None = None  # pods the scheduler cannot place (no GPUs free, say), while there are
 
 
-@dataclass
-class Tick:
-    """What one decision round saw and did, per role (for status, events and tests)."""
-
-    decisions: dict[PoolRole, Decision] = field(default_factory=dict)
-    scaled: dict[PoolRole, tuple[int, int]] = field(default_factory=dict)
-
-
 class PoolAutoscaler:
     """The autoscaler of one InferencePool. `update` hands it a new spec; `run` loops until cancelled."""
 
@@ -115,7 +107,6 @@ class PoolAutoscaler:
         self._router_due = 0.0
         self.disaggregated_percent: int | None = None
         self.threshold_tokens: int | None = None
-        self.ticks = 0
         self._restore(pool)
 
     @property
@@ -165,10 +156,9 @@ class PoolAutoscaler:
                 log.exception("autoscaler %s/%s: round failed", self.namespace, self.name)
             await asyncio.sleep(self.seconds_to_next())
 
-    async def tick(self) -> Tick:
+    async def tick(self) -> None:
         """Decide for every role that is due; write replicas, status and events."""
         now = self._clock()
-        result = Tick()
         for role in POOL_ROLES:
             settings = self.settings(role)
             if settings is None:
@@ -181,7 +171,6 @@ class PoolAutoscaler:
             decision = await self._decide(role, state, settings, now)
             if decision is None:
                 continue
-            result.decisions[role] = decision
             state.limited = decision.message if decision.limited(settings) else None
             current = decision.current
             if decision.replicas != current:
@@ -193,16 +182,13 @@ class PoolAutoscaler:
                     message=decision.message,
                     time=self._wall_clock(),
                 )
-                result.scaled[role] = (current, decision.replicas)
                 direction = "ScaledUp" if decision.replicas > current else "ScaledDown"
                 self._post_event(self._ref(), "Normal", direction, f"{role}: {decision.message}")
         if now >= self._router_due:
             interval, window = self._router_timing()
             self._router_due = now + interval
             await self._observe_router(now, window)
-        self.ticks += 1
         await asyncio.to_thread(self._write_status)
-        return result
 
     def _router_timing(self) -> tuple[float, float]:
         """The router is read as often, and over as long, as the pools are (the shortest of them)."""
@@ -388,10 +374,6 @@ class Autoscalers:
         self._post_event = post_event
         self._running: dict[tuple[str, str], tuple[PoolAutoscaler, asyncio.Task[None]]] = {}
         self._session: aiohttp.ClientSession | None = None
-
-    def get(self, namespace: str, name: str) -> PoolAutoscaler | None:
-        entry = self._running.get((namespace, name))
-        return entry[0] if entry is not None else None
 
     def sync(self, pool: InferencePool) -> None:
         key = (str(pool.metadata["namespace"]), str(pool.metadata["name"]))
