@@ -31,11 +31,16 @@ __all__ = ["admin_kube", "crd_installed"]  # fixtures used by name
 SIMULATED_ROUTER_IMAGE = "registry.invalid/router-simulated:0"
 
 
-def without_gpus(document: dict[str, Any]) -> None:
-    """These tests are about apply semantics; their pods should not hold the fake node's GPUs."""
+def create_example_pool(kube: Kube, namespace: str) -> dict[str, Any]:
+    """The GPU example, stored; returns its document. These tests are about apply semantics: its pods hold no
+    GPUs of the fake nodes and its router is left to kwok."""
+    document = example("llama-3.1-8b.yaml")
+    document["spec"]["router"]["image"] = SIMULATED_ROUTER_IMAGE
     for role in ("prefill", "decode"):
         document["spec"][role]["gpusPerReplica"] = 0
         document["spec"][role]["scheduling"] = {}
+    create_pool(kube, namespace, document)
+    return document
 
 
 def pool_model(kube: Kube, namespace: str, spec_changes: dict[str, Any] | None = None) -> InferencePool:
@@ -55,10 +60,7 @@ def statefulset(kube: Kube, namespace: str, role: str) -> dict[str, Any]:
 def test_reapply_is_a_noop_and_autoscaler_keeps_replicas(
     crd_installed: None, admin_kube: Kube, namespace: str
 ) -> None:
-    document = example("llama-3.1-8b.yaml")
-    document["spec"]["router"]["image"] = SIMULATED_ROUTER_IMAGE
-    without_gpus(document)
-    create_pool(admin_kube, namespace, document)
+    create_example_pool(admin_kube, namespace)
     pool = pool_model(admin_kube, namespace)
     stamps: dict[str, str] = {}
 
@@ -89,10 +91,7 @@ def test_reapply_is_a_noop_and_autoscaler_keeps_replicas(
 def test_switching_autoscaling_off_and_on_hands_replicas_over_without_a_dip(
     crd_installed: None, admin_kube: Kube, namespace: str
 ) -> None:
-    document = example("llama-3.1-8b.yaml")
-    document["spec"]["router"]["image"] = SIMULATED_ROUTER_IMAGE
-    without_gpus(document)
-    create_pool(admin_kube, namespace, document)
+    document = create_example_pool(admin_kube, namespace)
     stamps: dict[str, str] = {}
     autoscaled = pool_model(admin_kube, namespace)
     apply_children(admin_kube, autoscaled, pool_children(autoscaled), stamps)
@@ -121,10 +120,7 @@ def test_switching_autoscaling_off_and_on_hands_replicas_over_without_a_dip(
 def test_new_engine_image_changes_both_templates(
     crd_installed: None, admin_kube: Kube, namespace: str
 ) -> None:
-    document = example("llama-3.1-8b.yaml")
-    document["spec"]["router"]["image"] = SIMULATED_ROUTER_IMAGE
-    without_gpus(document)
-    create_pool(admin_kube, namespace, document)
+    document = create_example_pool(admin_kube, namespace)
     stamps: dict[str, str] = {}
     pool = pool_model(admin_kube, namespace)
     apply_children(admin_kube, pool, pool_children(pool), stamps)
