@@ -23,9 +23,9 @@ NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 ENDPOINT = "http://llama-8b.prod.svc"
 
 
-def sts(name: str, desired: int, ready: int, **status: Any) -> WorkloadState:
+def workload(kind: str, name: str, desired: int, ready: int, **status: Any) -> WorkloadState:
     return WorkloadState(
-        kind="StatefulSet",
+        kind=kind,
         name=name,
         generation=status.get("generation", 1),
         observed_generation=status.get("observed_generation", 1),
@@ -33,22 +33,17 @@ def sts(name: str, desired: int, ready: int, **status: Any) -> WorkloadState:
         replicas=status.get("replicas", desired),
         ready=ready,
         updated=status.get("updated", desired),
-        current_revision=status.get("current", "r1"),
-        update_revision=status.get("update", "r1"),
+        current_revision=status.get("current", "r1" if kind == "StatefulSet" else None),
+        update_revision=status.get("update", "r1" if kind == "StatefulSet" else None),
     )
+
+
+def sts(name: str, desired: int, ready: int, **status: Any) -> WorkloadState:
+    return workload("StatefulSet", name, desired, ready, **status)
 
 
 def deploy(name: str, desired: int, ready: int, **status: Any) -> WorkloadState:
-    return WorkloadState(
-        kind="Deployment",
-        name=name,
-        generation=status.get("generation", 1),
-        observed_generation=status.get("observed_generation", 1),
-        desired=desired,
-        replicas=status.get("replicas", desired),
-        ready=ready,
-        updated=status.get("updated", desired),
-    )
+    return workload("Deployment", name, desired, ready, **status)
 
 
 def all_ready() -> dict[WorkloadKey, WorkloadState | None]:
