@@ -193,7 +193,20 @@ def component_argv(
 ) -> list[str]:
     pki = layout.pki
     kubeconfig = str(layout.kubeconfig)
-    health_paths = "/healthz,/readyz,/livez,/metrics"
+
+    def controller_flags(secure_port: int) -> list[str]:
+        """What kube-controller-manager and kube-scheduler share: the admin kubeconfig, no leader election,
+        HTTPS on loopback with open health endpoints."""
+        return [
+            f"--kubeconfig={kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={secure_port}",
+            f"--tls-cert-file={pki / 'admin.crt'}",
+            f"--tls-private-key-file={pki / 'admin.key'}",
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+        ]
+
     if component == "etcd":
         client = f"http://127.0.0.1:{config.etcd_client_port}"
         peer = f"http://127.0.0.1:{config.etcd_peer_port}"
@@ -233,13 +246,7 @@ def component_argv(
     if component == "kube-controller-manager":
         return [
             str(bin_dir / "kube-controller-manager"),
-            f"--kubeconfig={kubeconfig}",
-            "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={config.controller_manager_port}",
-            f"--tls-cert-file={pki / 'admin.crt'}",
-            f"--tls-private-key-file={pki / 'admin.key'}",
-            f"--authorization-always-allow-paths={health_paths}",
+            *controller_flags(config.controller_manager_port),
             f"--root-ca-file={pki / 'ca.crt'}",
             f"--service-account-private-key-file={pki / 'admin.key'}",
             # Every default controller (statefulset, garbage collector, serviceaccount, ...) except those that
@@ -250,13 +257,7 @@ def component_argv(
     if component == "kube-scheduler":
         return [
             str(bin_dir / "kube-scheduler"),
-            f"--kubeconfig={kubeconfig}",
-            "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={config.scheduler_port}",
-            f"--tls-cert-file={pki / 'admin.crt'}",
-            f"--tls-private-key-file={pki / 'admin.key'}",
-            f"--authorization-always-allow-paths={health_paths}",
+            *controller_flags(config.scheduler_port),
         ]
     if component == "kwok":
         return [
