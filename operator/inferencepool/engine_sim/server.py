@@ -204,15 +204,22 @@ class FakeEngine:
             else "off",
         )
 
-    async def _start_side_channel(self) -> int:
+    async def _peer_runner(self, *routes: web.RouteDef) -> web.AppRunner:
+        """A set-up runner for an engine-to-engine endpoint (stopped with the engine's other runners)."""
         app = web.Application()
-        app.router.add_post("/nixl/read_blocks", self._handle_read_blocks)
-        app.router.add_get("/lmcache/chunks", self._handle_lmcache_chunks)
+        app.add_routes(routes)
         runner = web.AppRunner(
             app, access_log=None, handle_signals=False, shutdown_timeout=CUT_OPEN_STREAMS_AFTER_S
         )
         await runner.setup()
         self._runners.append(runner)
+        return runner
+
+    async def _start_side_channel(self) -> int:
+        runner = await self._peer_runner(
+            web.post("/nixl/read_blocks", self._handle_read_blocks),
+            web.get("/lmcache/chunks", self._handle_lmcache_chunks),
+        )
         site = web.TCPSite(runner, self.config.side_channel_host, self.config.side_channel_port)
         try:
             await site.start()
@@ -229,14 +236,10 @@ class FakeEngine:
         return _bound_port(site)
 
     async def _start_pd_receiver(self, pd: PdConfig) -> None:
-        app = web.Application()
-        app.router.add_get("/lmcache/pd/init", self._handle_pd_init)
-        app.router.add_post("/lmcache/pd/alloc", self._handle_pd_alloc)
-        runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, shutdown_timeout=CUT_OPEN_STREAMS_AFTER_S
+        runner = await self._peer_runner(
+            web.get("/lmcache/pd/init", self._handle_pd_init),
+            web.post("/lmcache/pd/alloc", self._handle_pd_alloc),
         )
-        await runner.setup()
-        self._runners.append(runner)
         for rank in range(self.config.profile.tensor_parallel):
             init_site = web.TCPSite(runner, pd.peer_host, pd.init_ports[rank])
             alloc_site = web.TCPSite(runner, pd.peer_host, pd.alloc_ports[rank])
