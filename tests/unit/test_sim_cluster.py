@@ -195,3 +195,27 @@ def test_cli_rejects_bad_input_with_the_reason(tmp_path: Path, capsys: pytest.Ca
     assert "bad.csv, line 2: field 'ContextTokens' must be an integer" in capsys.readouterr().err
     assert main(["sim", "--prefill", "4", "--replicas", "4", "--out", str(tmp_path)]) == 2
     assert "prefill replicas must be within 1..3" in capsys.readouterr().err
+
+
+def test_an_azure_trace_over_4095_requests_runs() -> None:
+    """Every prompt's ids fit the router's 4-byte affinity packing (it overflowed at request 4,096)."""
+    trace = [TraceRequest(i * 0.002, 300, 1) for i in range(5000)]
+    result = simulate(Scenario("co", "Colocated", 0, 2), H100, trace)
+    assert_conserved(result)
+
+
+def test_gpu_time_is_charged_to_the_last_token_not_to_a_later_tick() -> None:
+    trace = [TraceRequest(0.0, 1000, 5), TraceRequest(1.0, 2000, 5)]
+    ticks: list[float] = []
+    result = simulate(
+        Scenario("co", "Colocated", 0, 2),
+        H100,
+        trace,
+        progress=lambda name, reached, span: ticks.append(reached),
+        progress_every=500.0,
+    )
+    assert ticks and ticks[-1] >= 500  # the loop ran on to the tick...
+    last_token = max(r.finish or 0.0 for r in result.records)
+    assert last_token < 2
+    assert result.gpu_seconds == pytest.approx(2 * last_token)  # ...but GPUs are charged to the last token
+    assert result.makespan == pytest.approx(last_token)

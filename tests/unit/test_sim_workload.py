@@ -132,3 +132,16 @@ def test_mooncake_blocks_become_shared_prompt_prefixes() -> None:
     x, y = workload.prompt_ids(TraceRequest(0, 600, 1), 0), workload.prompt_ids(TraceRequest(0, 600, 1), 1)
     assert x[0:3] == [x[0], x[0] + 1, x[0] + 2]
     assert not set(chunk_hashes(x)) & set(chunk_hashes(y))
+
+
+def test_azure_ids_stay_32_bit_and_distinct_beyond_4095_prompts() -> None:
+    """A full hour of an Azure trace has thousands of prompts; the router packs ids into 4 bytes."""
+    count = 20_000
+    firsts = set()
+    for number in range(count):
+        ids = workload.prompt_ids(TraceRequest(0, 8192, 1), number)
+        assert 0 <= ids[0] and ids[len(ids) - 1] < 1 << 32
+        firsts.add(ids[0])
+    assert len(firsts) == count  # no two prompts share a first chunk, so no false prefix hit
+    # the first prompts keep their old far-apart ids
+    assert workload.prompt_ids(TraceRequest(0, 10, 1), 0)[0] == workload.AZURE_ID_STRIDE

@@ -576,10 +576,16 @@ class ClusterSim:
     # ----- result -----
 
     def _result(self) -> ScenarioResult:
-        end = max([self.now, *(r.finish or 0.0 for r in self.records)])
+        # GPU time: every replica from its creation (the scale-up decision: it holds its GPUs while the model
+        # loads) to its removal, or to the last token of the run if it was still up then. The event loop may
+        # run on past that (progress ticks, autoscaler ticks, a replica becoming ready after the traffic);
+        # that idle tail is nobody's cost, since a real pool's run ends with its last request.
+        last_token = max(r.finish or 0.0 for r in self.records)
+        end = max(self.trace[0].arrival, last_token, min(self.now, self.horizon))
         tp = self.profile.tensor_parallel
         gpu_seconds = sum(
-            ((r.removed_at if r.removed_at is not None else end) - r.created) * tp for r in self.replicas
+            max(0.0, min(end, r.removed_at if r.removed_at is not None else end) - r.created) * tp
+            for r in self.replicas
         )
         self._record_replicas()
         return ScenarioResult(

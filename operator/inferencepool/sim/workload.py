@@ -2,7 +2,7 @@
 reads).
 
 Azure rows carry a prompt length and an output length per arrival; their prompts share nothing, so each one is
-given token ids of its own. Mooncake rows also carry `hash_ids`, one per 512-token block of the prompt, equal
+given a first token id of its own (ids stay 32-bit for traces of any length). Mooncake rows also carry `hash_ids`, one per 512-token block of the prompt, equal
 ids meaning equal content under the same prefix; each block becomes 512 copies of its id, so the engine's
 chained chunk hashes match exactly where the trace says prompts share a prefix, and prefix caching and prefix
 affinity see the reuse the trace recorded.
@@ -26,8 +26,14 @@ from typing import overload
 
 DATA_DIR = Path(__file__).parent / "data"
 MOONCAKE_BLOCK_TOKENS = 512
-# Azure prompts get disjoint id ranges this far apart (above any prompt a vLLM engine accepts).
+# Azure prompt n starts at id (n + 1) x AZURE_ID_STRIDE modulo AZURE_ID_SPACE and counts up from there. The
+# space is prime, so every stride is coprime with it and the first ids of 2^31 - 2 prompts are all distinct;
+# two prompts then never share a first chunk, and chained chunk hashes (the engine's prefix cache) and prefix
+# affinity never match across them, although later ids of a long prompt may reappear inside another one. Every
+# id stays below 2^32 (the router packs ids into 4 bytes), for prompts up to 2^31 tokens. The first 2,047 prompts
+# keep ids far apart (multiples of the stride, above any prompt a vLLM engine accepts).
 AZURE_ID_STRIDE = 1 << 20
+AZURE_ID_SPACE = (1 << 31) - 1
 
 VENDORED: dict[str, str] = {
     "azure-code": "azure2023_code.10min.csv.gz",
@@ -105,7 +111,7 @@ def prompt_ids(request: TraceRequest, number: int) -> BlockTokens:
     """The token ids request `number` of a trace sends."""
     if request.block_ids:
         return BlockTokens(request.prompt_tokens, request.block_ids)
-    return BlockTokens(request.prompt_tokens, base=(number + 1) * AZURE_ID_STRIDE)
+    return BlockTokens(request.prompt_tokens, base=(number + 1) * AZURE_ID_STRIDE % AZURE_ID_SPACE)
 
 
 def _open_text(path: Path) -> io.TextIOBase:
