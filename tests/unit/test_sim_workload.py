@@ -140,7 +140,7 @@ def test_azure_ids_stay_32_bit_and_distinct_beyond_4095_prompts() -> None:
     firsts = set()
     for number in range(count):
         ids = workload.prompt_ids(TraceRequest(0, 8192, 1), number)
-        assert 0 <= ids[0] and ids[len(ids) - 1] < 1 << 32
+        assert ids[0] >= 0 and ids[len(ids) - 1] < 1 << 32
         firsts.add(ids[0])
     assert len(firsts) == count  # no two prompts share a first chunk, so no false prefix hit
     # the first prompts keep their old far-apart ids

@@ -2,10 +2,10 @@
 reads).
 
 Azure rows carry a prompt length and an output length per arrival; their prompts share nothing, so each one is
-given a first token id of its own (ids stay 32-bit for traces of any length). Mooncake rows also carry `hash_ids`, one per 512-token block of the prompt, equal
-ids meaning equal content under the same prefix; each block becomes 512 copies of its id, so the engine's
-chained chunk hashes match exactly where the trace says prompts share a prefix, and prefix caching and prefix
-affinity see the reuse the trace recorded.
+given a first token id of its own (ids stay 32-bit for traces of any length). Mooncake rows also carry
+`hash_ids`, one per 512-token block of the prompt, equal ids meaning equal content under the same prefix; each
+block becomes 512 copies of its id, so the engine's chained chunk hashes match exactly where the trace says
+prompts share a prefix, and prefix caching and prefix affinity see the reuse the trace recorded.
 
 Vendored slices (the first minutes of each public trace, gzipped) live in `data/`; tests and the default run
 use them, since CI runs on a clean clone without the full files.
@@ -29,9 +29,9 @@ MOONCAKE_BLOCK_TOKENS = 512
 # Azure prompt n starts at id (n + 1) x AZURE_ID_STRIDE modulo AZURE_ID_SPACE and counts up from there. The
 # space is prime, so every stride is coprime with it and the first ids of 2^31 - 2 prompts are all distinct;
 # two prompts then never share a first chunk, and chained chunk hashes (the engine's prefix cache) and prefix
-# affinity never match across them, although later ids of a long prompt may reappear inside another one. Every
-# id stays below 2^32 (the router packs ids into 4 bytes), for prompts up to 2^31 tokens. The first 2,047 prompts
-# keep ids far apart (multiples of the stride, above any prompt a vLLM engine accepts).
+# affinity never match across them, although later ids of a long prompt may reappear inside another one.
+# Every id stays below 2^32 (the router packs ids into 4 bytes), for prompts up to 2^31 tokens. The first
+# 2,047 prompts keep ids far apart (multiples of the stride, above any prompt a vLLM engine accepts).
 AZURE_ID_STRIDE = 1 << 20
 AZURE_ID_SPACE = (1 << 31) - 1
 
