@@ -30,7 +30,8 @@ def chunk_hashes(
     previous = b""
     for start in range(0, usable - chunk_tokens + 1, chunk_tokens):
         digest = hashlib.blake2b(previous, digest_size=16)
-        digest.update(b",".join(str(t).encode() for t in token_ids[start : start + chunk_tokens]))
+        # the same bytes as joining each id's text with commas, built in C (this is the simulator's hot loop)
+        digest.update(",".join(map(str, token_ids[start : start + chunk_tokens])).encode())
         previous = digest.digest()
         hashes.append(previous)
     return hashes
