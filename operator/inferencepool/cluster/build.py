@@ -204,13 +204,6 @@ def go_environment() -> str:
     return " ".join(result.stdout.split())
 
 
-def cached_bin_dir() -> Path | None:
-    """The complete binary directory for the current versions, or None if it has not been built yet."""
-    gomod = gomod_dir()
-    out = binaries_root() / cache_key(versions_from_gomod(gomod), wrapper_files(gomod), go_environment())
-    return out if (out / COMPLETE_MARKER).is_file() else None
-
-
 def stderr_progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 

@@ -8,7 +8,6 @@ API.
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Self
 
 import yaml
@@ -251,7 +250,3 @@ def parse_config(text: str, source: str) -> RouterConfig:
             for item in error.errors()
         )
         raise ConfigError(f"{source}: {problems}") from error
-
-
-def dumps_json(config: RouterConfig) -> str:
-    return json.dumps(config.to_wire(), separators=(",", ":"))
