@@ -20,7 +20,13 @@ import yaml
 from pydantic import BaseModel
 
 from inferencepool.api import labels
-from inferencepool.api.v1alpha1 import SPEC_RULES, InferencePool, InferencePoolSpec, InferencePoolStatus
+from inferencepool.api.v1alpha1 import (
+    NAME_RULES,
+    SPEC_RULES,
+    InferencePool,
+    InferencePoolSpec,
+    InferencePoolStatus,
+)
 
 CRD_NAME: Final = f"{labels.PLURAL}.{labels.GROUP}"
 CRD_FILENAME: Final = f"{CRD_NAME}.yaml"
@@ -122,6 +128,11 @@ def spec_validations() -> list[dict[str, str]]:
     return [{"rule": rule.cel, "message": rule.message, "fieldPath": f".{rule.field}"} for rule in SPEC_RULES]
 
 
+def name_validations() -> list[dict[str, str]]:
+    """The rules on metadata.name as CEL at the schema's root (the one place CEL may read metadata.name)."""
+    return [{"rule": rule.cel, "message": rule.message} for rule in NAME_RULES]
+
+
 def _printer_columns() -> list[dict[str, Any]]:
     return [
         {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
@@ -170,6 +181,7 @@ def open_api_schema() -> dict[str, Any]:
             "status": structural_schema(InferencePoolStatus),
         },
         "required": ["spec"],
+        "x-kubernetes-validations": name_validations(),
     }
 
 

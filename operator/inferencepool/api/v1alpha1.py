@@ -11,12 +11,21 @@ spec is rejected with the same words by the API server, by the operator and by t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from inferencepool.api import labels
@@ -30,6 +39,16 @@ DEFAULT_ADAPTIVE_MIN_TOKENS: Final = 1024
 DEFAULT_ADAPTIVE_MAX_TOKENS: Final = 16384
 DEFAULT_MIN_REPLICAS: Final = 1
 DEFAULT_TENSOR_PARALLEL_SIZE: Final = 1
+
+# The pool's name is its router Service's name and the prefix of every child's. The longest children are the
+# Service `<name>-lmcache-controller` and the StatefulSet `<name>-prefill`, whose pods carry the label
+# controller-revision-hash=<name>-prefill-<hash of up to 10 characters>; Service names and label values stop
+# at 63 characters, so the name may have 63 - 19 = 44. Service names are DNS-1035 labels (a letter first, no
+# dots).
+MAX_POOL_NAME_LENGTH: Final = 44
+POOL_NAME_PATTERN: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# What the API server accepts as an EnvVar name (before 1.34 relaxed it): the pod template never fails on one.
+ENV_VAR_NAME_PATTERN: Final = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 
 PoolRole = Literal["prefill", "decode"]
 POOL_ROLES: Final[tuple[PoolRole, ...]] = ("prefill", "decode")
@@ -68,6 +87,53 @@ class SecretKeyRef(SpecModel):
 
     name: str = Field(min_length=1, description="Name of the Secret.")
     key: str = Field(min_length=1, description="Key inside the Secret, e.g. HF_TOKEN.")
+
+
+ENV_VAR_VALUE_MESSAGE: Final = "spec.engine.extraEnv[] entries must set exactly one of value and valueFrom"
+ENV_VAR_FIELDS: Final = ("name", "value", "valueFrom")
+
+# A Kubernetes EnvVar as the CRD checks it: a valid name, then a value or a valueFrom (passed through whole).
+# Unknown keys are kept by the API server (the schema predates this check) and refused by the model.
+_ENV_VAR_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "name": {
+            "type": "string",
+            "description": "Environment variable name.",
+            "pattern": ENV_VAR_NAME_PATTERN,
+        },
+        "value": {"type": "string", "description": "Its value."},
+        "valueFrom": {
+            "type": "object",
+            "description": "Where its value comes from (a Kubernetes EnvVarSource), instead of value.",
+            "x-kubernetes-preserve-unknown-fields": True,
+        },
+    },
+    "required": ["name"],
+    "x-kubernetes-preserve-unknown-fields": True,
+    "x-kubernetes-validations": [
+        {"rule": "has(self.value) != has(self.valueFrom)", "message": ENV_VAR_VALUE_MESSAGE}
+    ],
+}
+EnvVar = Annotated[dict[str, Any], WithJsonSchema(_ENV_VAR_SCHEMA)]
+
+
+def env_var_problems(index: int, item: Mapping[str, Any]) -> list[str]:
+    """What is wrong with one engine.extraEnv entry, in the API server's words where it has them."""
+    where = f"spec.engine.extraEnv[{index}]"
+    problems = [f"{where}.{key}: unknown field" for key in item if key not in ENV_VAR_FIELDS]
+    name = item.get("name")
+    if name is None:
+        problems.append(f"{where}.name: Required value")
+    elif not isinstance(name, str) or re.fullmatch(ENV_VAR_NAME_PATTERN, name) is None:
+        problems.append(f"{where}.name in body should match '{ENV_VAR_NAME_PATTERN}'")
+    if ("value" in item) == ("valueFrom" in item):
+        problems.append(ENV_VAR_VALUE_MESSAGE)
+    if "value" in item and not isinstance(item["value"], str):
+        problems.append(f"{where}.value must be a string")
+    if "valueFrom" in item and not isinstance(item["valueFrom"], dict):
+        problems.append(f"{where}.valueFrom must be an object")
+    return problems
 
 
 class ModelCache(SpecModel):
@@ -115,7 +181,7 @@ class EngineSpec(SpecModel):
         default_factory=list,
         description="Extra arguments appended to `vllm serve`, passed through unchanged.",
     )
-    extra_env: list[dict[str, Any]] = Field(
+    extra_env: list[EnvVar] = Field(
         default_factory=list,
         description="Extra environment variables for the engine container (Kubernetes EnvVar objects).",
     )
@@ -133,6 +199,14 @@ class EngineSpec(SpecModel):
         le=100,
         description="GPU memory vLLM may use, in percent (--gpu-memory-utilization). Defaults to 90.",
     )
+
+    @field_validator("extra_env")
+    @classmethod
+    def _check_env_vars(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        problems = [problem for index, item in enumerate(value) for problem in env_var_problems(index, item)]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
 
 
 class Scheduling(SpecModel):
@@ -779,6 +853,36 @@ class InferencePoolStatus(StatusModel):
         return self.model_copy(update={"display": display})
 
 
+@dataclass(frozen=True)
+class NameRule:
+    """A rule on metadata.name, checked by the API server (CEL at the root, `self` is the object) and by the
+    model."""
+
+    cel: str
+    message: str
+    holds: Callable[[str], bool]
+
+
+NAME_RULES: Final[tuple[NameRule, ...]] = (
+    NameRule(
+        cel=f"self.metadata.name.size() <= {MAX_POOL_NAME_LENGTH}",
+        message=(
+            f"metadata.name must be at most {MAX_POOL_NAME_LENGTH} characters (children such as "
+            "<name>-lmcache-controller and the pods of <name>-prefill must stay within 63)"
+        ),
+        holds=lambda name: len(name) <= MAX_POOL_NAME_LENGTH,
+    ),
+    NameRule(
+        cel=f"self.metadata.name.matches('{POOL_NAME_PATTERN}')",
+        message=(
+            "metadata.name must be a DNS-1035 label: lowercase letters, digits and '-', starting with a "
+            "letter and ending with a letter or digit (it names the pool's Service)"
+        ),
+        holds=lambda name: re.fullmatch(POOL_NAME_PATTERN, name) is not None,
+    ),
+)
+
+
 class InferencePool(BaseModel):
     """A model served by disaggregated prefill and decode pools of vLLM engines behind a router."""
 
@@ -793,6 +897,15 @@ class InferencePool(BaseModel):
     status: InferencePoolStatus | None = Field(
         default=None, description="Observed state, written by the operator."
     )
+
+    @model_validator(mode="after")
+    def _check_name(self) -> InferencePool:
+        name = self.metadata.get("name")
+        if isinstance(name, str):
+            broken = [rule.message for rule in NAME_RULES if not rule.holds(name)]
+            if broken:
+                raise ValueError("; ".join(broken))
+        return self
 
     def name(self) -> str:
         return str(self.metadata.get("name", ""))
