@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from inferencepool.cluster.testing import TestCluster
+    from tests.support.cluster import TestCluster
 
 CLUSTER_TESTS = Path(__file__).parent / "cluster"
 
@@ -44,7 +44,7 @@ def _progress_printer(config: pytest.Config) -> Callable[[str], None]:
 def cluster(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[TestCluster]:
-    from inferencepool.cluster import testing
+    from tests.support import cluster as testing
 
     scratch = tmp_path_factory.mktemp("control-plane")
     context = testing.session_cluster(scratch, _progress_printer(request.config))
@@ -82,7 +82,7 @@ def namespace(request: pytest.FixtureRequest, kube_api_client: Any) -> Iterator[
     """A fresh namespace for one test (with its default ServiceAccount), deleted afterwards."""
     from kubernetes import client
 
-    from inferencepool.cluster.testing import eventually, namespace_name
+    from tests.support.cluster import eventually, namespace_name
 
     name = namespace_name(request.node.name)
     core = client.CoreV1Api(kube_api_client)

@@ -209,8 +209,7 @@ def run(args: argparse.Namespace) -> int:
     from inferencepool.api.crd import crd_yaml
     from inferencepool.cluster import controlplane
     from inferencepool.cluster.components import Layout
-    from inferencepool.cluster.paths import default_state_dir
-    from inferencepool.cluster.testing import kubectl_binary
+    from inferencepool.cluster.paths import default_state_dir, kubectl_binary
 
     pool_doc = yaml.safe_load(args.pool_file.read_text())
     pool_name = pool_doc["metadata"]["name"]

@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
+from tests.support.cluster import eventually
 
 from inferencepool.api import labels
 from inferencepool.api.v1alpha1 import API_VERSION
 from inferencepool.builders import CHILD_KINDS
-from inferencepool.cluster.testing import eventually
 from inferencepool.controller.handlers import OperatorState
-from inferencepool.controller.kube import Kube, load_configuration
 from inferencepool.controller.runtime import operator_in_thread
+from inferencepool.kube import Kube, load_configuration
 
 if TYPE_CHECKING:
-    from inferencepool.cluster.testing import TestCluster
+    from tests.support.cluster import TestCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

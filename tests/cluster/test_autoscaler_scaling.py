@@ -20,15 +20,15 @@ from tests.cluster.operator_fixtures import (
     operator,
     operator_kubeconfig,
 )
+from tests.support.cluster import eventually
 
 from inferencepool.api import labels
-from inferencepool.cluster.testing import eventually
-from inferencepool.controller.apply import replicas_managers
 from inferencepool.controller.handlers import OperatorState
-from inferencepool.controller.kube import Kube
+from inferencepool.kube import Kube
+from inferencepool.kube.fields import replicas_managers
 
 if TYPE_CHECKING:
-    from inferencepool.cluster.testing import TestCluster
+    from tests.support.cluster import TestCluster
 
 __all__ = ["admin_kube", "crd_installed", "operator", "operator_kubeconfig"]
 

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from tests.cluster.test_chart_render import CHART, DEPLOY, Helm, documents, one
+from tests.support.cluster import eventually
 
 from inferencepool.api import labels
 from inferencepool.cluster import build
-from inferencepool.cluster.testing import eventually
 
 if TYPE_CHECKING:
-    from inferencepool.cluster.testing import TestCluster
+    from tests.support.cluster import TestCluster
 
 CRD_NAME = f"{labels.PLURAL}.{labels.GROUP}"
 

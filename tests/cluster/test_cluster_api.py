@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.support.cluster import TestCluster, eventually
 
 from inferencepool.api import labels
-from inferencepool.cluster.testing import TestCluster, eventually
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_NAME = f"{labels.PLURAL}.{labels.GROUP}"

@@ -7,9 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.cluster import TestCluster, eventually
+
 from inferencepool.cluster import procs
 from inferencepool.cluster.components import COMPONENTS, Layout
-from inferencepool.cluster.testing import TestCluster, eventually
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -13,10 +13,10 @@ import urllib.request
 from typing import Any
 
 from kubernetes import client
+from tests.support.cluster import TestCluster, eventually
 
 from inferencepool.cluster import controlplane, procs
 from inferencepool.cluster.components import Layout
-from inferencepool.cluster.testing import TestCluster, eventually
 
 ROUTER_IMAGE = "inferencepool/router:0.1.0"
 

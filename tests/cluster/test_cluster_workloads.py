@@ -6,9 +6,9 @@ import ipaddress
 from typing import Any
 
 from kubernetes import client
+from tests.support.cluster import eventually
 
 from inferencepool.api.labels import ANNOTATION_PROCESS_READY
-from inferencepool.cluster.testing import eventually
 
 # Any image that is not one of this project's runs as a pure kwok simulation: no process, Ready at once.
 SIMULATED_IMAGE = "vllm/vllm-openai:v0.33.0"

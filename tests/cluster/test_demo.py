@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 if TYPE_CHECKING:
-    from inferencepool.cluster.testing import TestCluster
+    from tests.support.cluster import TestCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 

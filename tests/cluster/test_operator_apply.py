@@ -19,11 +19,12 @@ from tests.cluster.operator_fixtures import (
 from inferencepool.api import labels
 from inferencepool.api.v1alpha1 import InferencePool
 from inferencepool.builders import pool_children
-from inferencepool.controller.apply import apply_children, replicas_document, replicas_managers
-from inferencepool.controller.kube import Kube
+from inferencepool.controller.apply import apply_children
+from inferencepool.kube import Kube
+from inferencepool.kube.fields import replicas_document, replicas_managers
 
 if TYPE_CHECKING:
-    from inferencepool.cluster.testing import TestCluster
+    from tests.support.cluster import TestCluster
 
 __all__ = ["admin_kube", "crd_installed"]  # fixtures used by name
 

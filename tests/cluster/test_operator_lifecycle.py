@@ -22,16 +22,16 @@ from tests.cluster.operator_fixtures import (
     settled_versions,
     wait_condition,
 )
+from tests.support.cluster import eventually
 
 from inferencepool.api import labels
-from inferencepool.cluster.testing import eventually
-from inferencepool.controller.apply import replicas_managers
 from inferencepool.controller.handlers import OperatorState
-from inferencepool.controller.kube import Kube
 from inferencepool.controller.runtime import operator_in_thread
+from inferencepool.kube import Kube
+from inferencepool.kube.fields import replicas_managers
 
 if TYPE_CHECKING:
-    from inferencepool.cluster.testing import TestCluster
+    from tests.support.cluster import TestCluster
 
 __all__ = ["admin_kube", "crd_installed", "gpu_nodes_labelled", "operator", "operator_kubeconfig"]
 

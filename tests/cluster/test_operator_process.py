@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from inferencepool.cluster.testing import eventually
+from tests.support.cluster import eventually
 
 if TYPE_CHECKING:
-    from inferencepool.cluster.testing import TestCluster
+    from tests.support.cluster import TestCluster
 
 
 def test_operator_stops_on_sigterm(cluster: TestCluster, namespace: str, tmp_path: Path) -> None:

@@ -17,9 +17,9 @@ import aiohttp
 import pytest
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
+from tests.support.cluster import TestCluster
 
 from inferencepool.api import labels
-from inferencepool.cluster.testing import TestCluster
 from inferencepool.router.config import RouterConfig
 from inferencepool.router.discovery import PodWatcher
 from inferencepool.router.server import Router, serve

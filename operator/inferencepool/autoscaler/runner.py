@@ -51,7 +51,7 @@ from inferencepool.autoscaler.histogram import (
     read_histogram,
 )
 from inferencepool.autoscaler.policy import Decision, Recommender
-from inferencepool.controller.kube import Kube, KubeError
+from inferencepool.kube import Kube, KubeError
 
 log = logging.getLogger("inferencepool.autoscaler")
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from inferencepool.builders import CHILD_KINDS
 
 if TYPE_CHECKING:
-    from inferencepool.controller.kube import Kube
+    from inferencepool.kube import Kube
 
 # Not one of this project's images: kwok simulates these pods, so the benchmark measures the operator rather
 # than hundreds of local router processes.
@@ -232,7 +232,7 @@ def wait_live(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0)
 def run(args: argparse.Namespace) -> int:
     from inferencepool.api.crd import custom_resource_definition
     from inferencepool.cluster import controlplane
-    from inferencepool.controller.kube import Kube, load_configuration
+    from inferencepool.kube import Kube, load_configuration
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

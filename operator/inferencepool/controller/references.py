@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inferencepool.api.v1alpha1 import InferencePool
-from inferencepool.controller.kube import Kube
 from inferencepool.controller.status import MissingReference
+from inferencepool.kube import Kube
 
 
 @dataclass(frozen=True)

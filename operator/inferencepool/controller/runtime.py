@@ -19,7 +19,7 @@ from kubernetes import client as k8s_client
 
 from inferencepool.api import labels
 from inferencepool.controller.handlers import OperatorState, register
-from inferencepool.controller.kube import Kube, load_configuration
+from inferencepool.kube import Kube, load_configuration
 
 # The API server ends a watch after server_timeout; the client gives up on a silent connection a little later
 # and reconnects, so a watch that died without a FIN cannot keep the operator blind for long.

@@ -2,7 +2,7 @@
 
 Built on the official client's ApiClient (auth from kubeconfig or in-cluster config, TLS, retries), but
 speaking plain dicts: builders produce dicts, and the API server's JSON is compared with them. Calls are
-blocking; the kopf handlers run them in worker threads.
+blocking; the operator's handlers and the autoscaler run them in worker threads.
 """
 
 from __future__ import annotations
@@ -128,9 +128,6 @@ class Kube:
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self._request("GET", resource_of(api_version, kind).path(namespace, name))
-
-    def exists(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
-        return self.get(api_version, kind, namespace, name) is not None
 
     def apply(self, manifest: dict[str, Any], field_manager: str, force: bool = True) -> dict[str, Any]:
         """Server-side apply of `manifest` under `field_manager`; returns the object as stored."""
