@@ -326,8 +326,14 @@ class EngineCore:
             self.stats.pd_rejected_chunks += len(chunk_keys)
         return accepted
 
-    def remote_read_done(self, request_id: str, now: float, error: str | None = None) -> RequestFailed | None:
+    def remote_read_done(
+        self, request_id: str, now: float, error: str | None = None, transfer_seconds: float | None = None
+    ) -> RequestFailed | None:
         """The driver finished contacting the source engine: start the modelled transfer, or fail the request.
+
+        `transfer_seconds` is how long the KV takes to land from `now`; None charges the profile's figure for
+        one transfer alone on the link (a driver that models shared links times it itself and passes 0 once
+        the bytes have arrived).
 
         A failed read fails the request, as vLLM does with kv_load_failure_policy "fail" (the request finishes
         with an error); with "recompute" the request goes back to the queue and is prefilled locally.
@@ -349,7 +355,9 @@ class EngineCore:
             del self._by_id[request_id]
             self.stats.requests_failed += 1
             return RequestFailed(request_id, now, error)
-        seq.kv_ready_at = now + timing.nixl_transfer_time(self.profile, seq.external_tokens)
+        if transfer_seconds is None:
+            transfer_seconds = timing.nixl_transfer_time(self.profile, seq.external_tokens)
+        seq.kv_ready_at = now + transfer_seconds
         return None
 
     def release_hold(

@@ -5,8 +5,15 @@ Engines are `EngineCore`s (the fake engine's timing and KV model). The router pa
 prefix affinity), `adapt` moves an adaptive threshold from the same router-observed samples the
 router collects. A disaggregated request runs a one-token prefill leg on a prefill engine that keeps its KV
 (NIXL `remote_decode`), then a decode leg on a decode engine that reads that KV (`remote_prefill`): the
-decode engine asks for the read, the simulator releases the prefill engine's hold as NIXL's side channel
-would, and the decode engine charges the transfer from the profile's link figures (`nixl_transfer_time`).
+decode engine asks for the read, the simulator moves the KV bytes (the model's KV bytes per token times the
+prompt tokens the decode engine lacks) over the prefill replica's send link and the decode replica's receive
+link, shared max-min fairly with every other transfer on them (`network.Network`; one transfer alone takes
+the profile's `nixl_transfer_time`), and releases the prefill engine's hold once the last byte has landed, as
+NIXL's side channel does on the read's completion notification.
+
+Engines may be tuned per role: the prefill chunk (vLLM's --max-num-batched-tokens) of prefill replicas and
+of decode (or colocated) replicas, which also prefill the prompts that go direct; a small chunk keeps a long
+prompt from stalling every co-running decode (chunked-prefill interference), a large one batches prefill.
 
 Autoscaling feeds the real `Recommender` what the operator's runner would read: each engine keeps vLLM's
 TTFT and ITL histograms (same buckets), the simulator "scrapes" ready engines every interval into the real
@@ -45,6 +52,7 @@ from inferencepool.router.policy import Route, choose_route
 from inferencepool.router.prompt import Prompt
 from inferencepool.router.threshold import SampleWindow, adapt
 from inferencepool.router.tokens import EstimateCounter
+from inferencepool.sim.network import Network
 from inferencepool.sim.workload import TraceRequest, prompt_ids
 
 REJECTED = "rejected"  # longer than max_model_len: the engine answers 400 and nothing runs
@@ -72,8 +80,15 @@ class Scenario:
     adaptive: AdaptiveThresholdConfig | None = None
     autoscaling: PoolAutoscaling | None = None
     prefix_affinity: bool = True
+    prefill_chunk_tokens: int | None = (
+        None  # --max-num-batched-tokens of prefill replicas (profile's if None)
+    )
+    decode_chunk_tokens: int | None = None  # ... of decode replicas, or of every replica of a Colocated pool
 
     def __post_init__(self) -> None:
+        for chunk in (self.prefill_chunk_tokens, self.decode_chunk_tokens):
+            if chunk is not None and chunk < 1:
+                raise ValueError(f"scenario {self.name}: a prefill chunk must be >= 1 token, got {chunk}")
         if self.decode_replicas < 1:
             raise ValueError(f"scenario {self.name}: needs at least one decode (or colocated) replica")
         if self.policy != "Colocated" and self.prefill_replicas < 1:
@@ -187,7 +202,7 @@ Progress = Callable[[str, float, float], None]  # scenario name, virtual time re
 
 
 class ClusterSim:
-    _ARRIVAL, _STEP_END, _WAKE, _READY, _AUTOSCALE, _THRESHOLD, _PROGRESS = range(7)
+    _ARRIVAL, _STEP_END, _WAKE, _READY, _AUTOSCALE, _THRESHOLD, _PROGRESS, _TRANSFER = range(8)
 
     def __init__(
         self,
@@ -199,9 +214,12 @@ class ClusterSim:
         horizon: float = 0.0,
         progress: Progress | None = None,
         progress_every: float = 60.0,
+        kv_link_bytes_per_s: float | None = None,
     ) -> None:
         if not trace:
             raise ValueError("an empty trace")
+        if kv_link_bytes_per_s is not None and kv_link_bytes_per_s <= 0:
+            raise ValueError(f"the KV link must carry > 0 bytes/s per GPU, got {kv_link_bytes_per_s}")
         self.scenario = scenario
         self.profile = profile
         self.trace = sorted(trace, key=lambda r: r.arrival)
@@ -235,6 +253,20 @@ class ClusterSim:
         self.timeline: list[tuple[float, int, int, int, int]] = []
         self.thresholds: list[tuple[float, int]] = [(0.0, self.threshold)]
         self.scaling: list[ScalingEvent] = []
+        self.profiles: dict[EngineRole, EngineProfile] = {
+            "prefill": self._tuned(scenario.prefill_chunk_tokens),
+            "decode": self._tuned(scenario.decode_chunk_tokens),
+        }
+        # per GPU; a replica's link carries this times its tensor-parallel ranks
+        self.kv_link_bytes_per_s = kv_link_bytes_per_s or profile.hardware.kv_link_bytes_per_s
+        self.network = Network(latency_s=profile.kv_transfer_latency_s)
+        self._reads: dict[str, tuple[Replica, RemoteRead]] = {}
+        self._transfer_wake: float | None = None
+
+    def _tuned(self, chunk_tokens: int | None) -> EngineProfile:
+        if chunk_tokens is None or chunk_tokens == self.profile.max_num_batched_tokens:
+            return self.profile
+        return self.profile.with_overrides(max_num_batched_tokens=chunk_tokens)
 
     # ----- the event loop -----
 
@@ -293,6 +325,10 @@ class ClusterSim:
                 if self._busy():
                     assert self.scenario.adaptive is not None
                     self._push(self.now + self.scenario.adaptive.interval_seconds, self._THRESHOLD, None)
+            elif kind == self._TRANSFER:
+                if payload == self._transfer_wake:
+                    self._transfer_wake = None
+                self._transfers_landed()
             elif kind == self._PROGRESS:
                 assert self.progress is not None
                 self.progress(self.scenario.name, self.now, self.trace[-1].arrival)
@@ -391,11 +427,10 @@ class ClusterSim:
         while True:
             step = replica.core.schedule(now)
             reads = replica.core.take_remote_reads()
+            settled = False
             for read in reads:
-                failure = replica.core.remote_read_done(read.request_id, now, self._read(read))
-                if failure is not None:
-                    self._failed(replica, failure)
-            if step is None and reads:
+                settled = self._start_read(replica, read) or settled
+            if step is None and settled:
                 continue
             break
         if step is not None:
@@ -407,8 +442,51 @@ class ClusterSim:
             replica.wake_at = wake
             self._push(wake, self._WAKE, replica)
 
-    def _read(self, read: RemoteRead) -> str | None:
-        """NIXL's side channel: the decode engine tells the prefill engine it takes the held blocks."""
+    def _start_read(self, replica: Replica, read: RemoteRead) -> bool:
+        """A decode engine reads a prefill engine's KV: the bytes start over both replicas' links. True when
+        the read settled at once (it failed, or there was nothing to move), so the engine may schedule
+        again."""
+        source = self.by_engine.get(read.source.engine_id)
+        if source is None:
+            failure = replica.core.remote_read_done(
+                read.request_id, self.now, f"prefill engine {read.source.engine_id} is gone"
+            )
+            if failure is not None:
+                self._failed(replica, failure)
+            return True
+        kv_bytes = 0 if self.profile.zero_compute else read.tokens * self.profile.model.kv_bytes_per_token
+        if kv_bytes <= 0:  # nothing to move: as `nixl_transfer_time`, no setup either
+            self._read_landed(replica, read, 0.0)
+            return True
+        key = f"{replica.name}/{read.request_id}"
+        self._reads[key] = (replica, read)
+        self.network.start(self.now, key, (f"send:{source.name}", f"recv:{replica.name}"), kv_bytes)
+        self._schedule_transfer_wake()
+        return False
+
+    def _schedule_transfer_wake(self) -> None:
+        end = self.network.next_end()
+        if end is not None and end != self._transfer_wake:
+            self._transfer_wake = end
+            self._push(end, self._TRANSFER, end)
+
+    def _transfers_landed(self) -> None:
+        for key in self.network.advance(self.now):
+            replica, read = self._reads.pop(key)
+            self._read_landed(replica, read, 0.0)
+            self._kick(replica)
+        self._schedule_transfer_wake()
+
+    def _read_landed(self, replica: Replica, read: RemoteRead, transfer_seconds: float) -> None:
+        """The last byte is on the decode engine: the prefill engine frees its hold, the decode leg runs."""
+        failure = replica.core.remote_read_done(
+            read.request_id, self.now, self._release(read), transfer_seconds=transfer_seconds
+        )
+        if failure is not None:
+            self._failed(replica, failure)
+
+    def _release(self, read: RemoteRead) -> str | None:
+        """NIXL's side channel: the decode engine tells the prefill engine it has read the held blocks."""
         source = self.by_engine.get(read.source.engine_id)
         if source is None:
             return f"prefill engine {read.source.engine_id} is gone"
@@ -487,7 +565,10 @@ class ClusterSim:
     def _add_replica(self, role: EngineRole, ready_at: float) -> Replica:
         disaggregated = self.scenario.policy != "Colocated"
         name = f"{role}-{next(self._ordinals[role])}"
-        core = EngineCore(self.profile, name, nixl=disaggregated)
+        core = EngineCore(self.profiles[role], name, nixl=disaggregated)
+        link = self.kv_link_bytes_per_s * self.profile.tensor_parallel
+        self.network.add_link(f"send:{name}", link)
+        self.network.add_link(f"recv:{name}", link)
         replica = Replica(name, role, core, created=self.now, ready_at=ready_at)
         self.replicas.append(replica)
         self.by_engine[name] = replica
@@ -611,7 +692,14 @@ def simulate(
     horizon: float = 0.0,
     progress: Progress | None = None,
     progress_every: float = 60.0,
+    kv_link_bytes_per_s: float | None = None,
 ) -> ScenarioResult:
     return ClusterSim(
-        scenario, profile, trace, horizon=horizon, progress=progress, progress_every=progress_every
+        scenario,
+        profile,
+        trace,
+        horizon=horizon,
+        progress=progress,
+        progress_every=progress_every,
+        kv_link_bytes_per_s=kv_link_bytes_per_s,
     ).run()

@@ -1,0 +1,98 @@
+"""KV transfers over shared links: one alone takes the profile's figure, concurrent ones share the links they
+cross max-min fairly, and a slow or busy link lands on the TTFT of disaggregated requests."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferencepool.engine_sim import timing
+from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.sim.cluster import Scenario, simulate
+from inferencepool.sim.network import Network
+from inferencepool.sim.workload import TraceRequest
+
+H100 = get_profile("llama-3.1-8b-h100")
+GB = 1e9
+
+
+def run_until_empty(network: Network) -> dict[str, float]:
+    ends: dict[str, float] = {}
+    while (end := network.next_end()) is not None:
+        for key in network.advance(end):
+            ends[key] = end
+    return ends
+
+
+def test_one_transfer_alone_takes_latency_plus_bytes_over_the_link() -> None:
+    network = Network(latency_s=0.002)
+    network.add_link("send:p", 10 * GB)
+    network.add_link("recv:d", 10 * GB)
+    network.start(1.0, "a", ("send:p", "recv:d"), 5 * GB)
+    assert run_until_empty(network) == {"a": pytest.approx(1.0 + 0.5 + 0.002)}
+
+
+def test_concurrent_transfers_share_a_link_and_the_rest_goes_to_others() -> None:
+    network = Network(latency_s=0.0)
+    for name in ("send:p0", "send:p1", "recv:d0", "recv:d1"):
+        network.add_link(name, 10 * GB)
+    network.start(0.0, "a", ("send:p0", "recv:d0"), 10 * GB)  # a and b share d0's receive link
+    network.start(0.0, "b", ("send:p1", "recv:d0"), 10 * GB)
+    network.start(0.0, "c", ("send:p1", "recv:d1"), 10 * GB)  # c shares p1's send link with b
+    ends = run_until_empty(network)
+    # d0 splits 5/5 between a and b; p1 then has 5 left for c; once a and b finish (2 s), c has the link
+    assert ends["a"] == pytest.approx(2.0) and ends["b"] == pytest.approx(2.0)
+    assert ends["c"] == pytest.approx(2.0)  # 5 GB/s for 2 s = 10 GB
+    network.start(3.0, "d", ("send:p0", "recv:d0"), 10 * GB)
+    network.start(3.5, "e", ("send:p0", "recv:d1"), 10 * GB)
+    ends = run_until_empty(network)
+    # d alone for 0.5 s (5 GB), then 5 GB/s each: d needs 1 s more, e then gets the full link
+    assert ends["d"] == pytest.approx(4.5) and ends["e"] == pytest.approx(4.5 + 0.5)
+
+
+def test_bad_links_are_named() -> None:
+    network = Network(latency_s=0.0)
+    with pytest.raises(ValueError, match="link x: capacity must be > 0"):
+        network.add_link("x", 0)
+    with pytest.raises(ValueError, match="unknown link"):
+        network.start(0.0, "a", ("nowhere",), 1.0)
+
+
+def test_two_prompts_read_at_once_by_one_decode_pod_share_its_link() -> None:
+    prompt = 16000
+    alone = simulate(Scenario("pd", "AlwaysDisaggregate", 2, 1), H100, [TraceRequest(0.0, prompt, 2)])
+    both = simulate(
+        Scenario("pd", "AlwaysDisaggregate", 2, 1),
+        H100,
+        [TraceRequest(0.0, prompt, 2), TraceRequest(0.0, prompt + 1, 2)],
+    )
+    transfer = timing.nixl_transfer_time(H100, prompt)
+    [single] = alone.records
+    # the two prefills run in parallel on two prefill pods, then both KV caches cross the one receive link
+    assert min(r.ttft or 0 for r in both.records) > (single.ttft or 0) + 0.8 * (transfer - 0.002)
+
+
+def test_a_slow_link_makes_disaggregation_lose() -> None:
+    trace = [TraceRequest(0.0, 8000, 20)] + [TraceRequest(5 + i * 0.5, 8000, 20) for i in range(20)]
+    fast = simulate(Scenario("pd", "AlwaysDisaggregate", 1, 1), H100, trace)
+    slow = simulate(Scenario("pd", "AlwaysDisaggregate", 1, 1), H100, trace, kv_link_bytes_per_s=1.25 * GB)
+    expected = timing.kv_transfer_time(H100, 8000, 1.25 * GB) - timing.nixl_transfer_time(H100, 8000)
+    # the first request's transfer is alone on the link: exactly the slower link's extra time
+    assert (slow.records[0].ttft or 0) - (fast.records[0].ttft or 0) == pytest.approx(expected)
+    # later ones overlap (a 0.84 s transfer every 0.5 s) and share the link: worse than alone
+    assert max(r.ttft or 0 for r in slow.records) > (fast.records[0].ttft or 0) + 1.2 * expected
+
+
+def test_small_decode_chunks_protect_the_decodes_beside_a_long_prompt() -> None:
+    """Chunked-prefill interference on a colocated engine, and its cure: a smaller prefill chunk."""
+    decodes = [TraceRequest(0.0 + 0.01 * i, 500, 400) for i in range(8)]
+    trace = [*decodes, TraceRequest(1.0, 30000, 2)]
+    stall: dict[int, float] = {}
+    ttft: dict[int, float] = {}
+    for chunk in (8192, 512):
+        result = simulate(Scenario("co", "Colocated", 0, 1, decode_chunk_tokens=chunk), H100, trace)
+        stall[chunk] = max(result.itl_gaps)  # the worst gap a co-running decode saw
+        ttft[chunk] = result.records[-1].ttft or 0
+    assert stall[8192] > 0.2 and stall[512] < 0.1 * stall[8192]
+    assert ttft[512] > ttft[8192]  # the price: the long prompt itself prefills in more, smaller steps
+    with pytest.raises(ValueError, match="prefill chunk must be >= 1"):
+        Scenario("co", "Colocated", 0, 1, decode_chunk_tokens=0)
