@@ -9,9 +9,10 @@ cannot pile onto one pod while prompts sharing a prefix still land where their K
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
@@ -69,6 +70,17 @@ class Pod:
     def record_success(self) -> None:
         self.consecutive_failures = 0
         self.cooldown_until = 0.0
+
+
+@contextlib.contextmanager
+def in_flight(pod: Pod) -> Iterator[Pod]:
+    """The one place a pod's outstanding count goes up and down: it counts the leg for as long as the block
+    holds it open, however the block ends (answered, failed, cancelled)."""
+    pod.outstanding += 1
+    try:
+        yield pod
+    finally:
+        pod.outstanding -= 1
 
 
 def _point(data: str) -> int:

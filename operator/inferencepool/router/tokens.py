@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,6 +37,10 @@ class TokenCounter(Protocol):
     def affinity_key(self, prompt: Prompt, key_tokens: int) -> int | None:
         """Hash of the first `key_tokens` tokens of the (first) prompt, or None when it is shorter than
         that."""
+        ...
+
+    def measure(self, prompt: Prompt, key_tokens: int | None) -> tuple[int, int | None]:
+        """count() and, unless `key_tokens` is None, affinity_key(), from one tokenization of the prompt."""
         ...
 
 
@@ -83,6 +87,10 @@ class EstimateCounter:
             return None
         return _hash(text[:key_chars].encode())
 
+    def measure(self, prompt: Prompt, key_tokens: int | None) -> tuple[int, int | None]:
+        key = self.affinity_key(prompt, key_tokens) if key_tokens is not None else None
+        return self.count(prompt), key
+
     def observe(self, characters: int, engine_tokens: int) -> None:
         """Fold one calibration sample (a text's length and the engine's token count for it) into the
         ratio."""
@@ -101,28 +109,44 @@ class HFTokenCounter:
     tokenizer: Any
     source: str
     kind: str = "hf-tokenizers"
-    _special: int = field(default=0, init=False)
-
-    def __post_init__(self) -> None:
-        # BOS and friends that encode() adds: counted once per prompt, as the engine does.
-        self._special = len(self.tokenizer.encode("", add_special_tokens=True).ids)
 
     def count(self, prompt: Prompt) -> int:
-        if prompt.token_ids:
-            return max(len(ids) for ids in prompt.token_ids)
-        if len(prompt.texts) == 1:
-            tokens = len(self.tokenizer.encode(prompt.texts[0], add_special_tokens=True).ids)
-        else:
-            tokens = max(
-                len(e.ids) for e in self.tokenizer.encode_batch(list(prompt.texts), add_special_tokens=True)
-            )
-        return tokens + _chat_allowance(prompt)
+        return self.measure(prompt, None)[0]
 
     def affinity_key(self, prompt: Prompt, key_tokens: int) -> int | None:
         if prompt.token_ids:
             return _ids_key(prompt.token_ids[0], key_tokens)
         ids = self.tokenizer.encode(prompt.texts[0], add_special_tokens=False).ids
         return _ids_key(ids, key_tokens)
+
+    def measure(self, prompt: Prompt, key_tokens: int | None) -> tuple[int, int | None]:
+        if prompt.token_ids:
+            key = _ids_key(prompt.token_ids[0], key_tokens) if key_tokens is not None else None
+            return max(len(ids) for ids in prompt.token_ids), key
+        # One encode per prompt, BOS and friends included as the engine counts them; the affinity key is
+        # taken from the same ids with the template's special tokens cut off (what encode without them gives).
+        if len(prompt.texts) == 1:
+            encodings = [self.tokenizer.encode(prompt.texts[0], add_special_tokens=True)]
+        else:
+            encodings = self.tokenizer.encode_batch(list(prompt.texts), add_special_tokens=True)
+        tokens = max(len(e.ids) for e in encodings)
+        key = _ids_key(_without_added_specials(encodings[0]), key_tokens) if key_tokens is not None else None
+        return tokens + _chat_allowance(prompt), key
+
+
+def _without_added_specials(encoding: Any) -> list[int]:
+    """The ids of an encoding less the special tokens its post-processor added around the text (marked in
+    special_tokens_mask; special tokens written in the text itself are not marked)."""
+    ids: list[int] = encoding.ids
+    mask: list[int] = encoding.special_tokens_mask
+    start, end = 0, len(ids)
+    while start < end and mask[start]:
+        start += 1
+    while end > start and mask[end - 1]:
+        end -= 1
+    if 1 in mask[start:end]:  # a template with specials inside (pairs): drop each
+        return [i for i, special in zip(ids, mask, strict=True) if not special]
+    return ids[start:end]
 
 
 def find_tokenizer_file(spec: str) -> Path | None:

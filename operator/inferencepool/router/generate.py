@@ -1,0 +1,98 @@
+"""Route orchestration for one generation request: read and count the prompt, choose the route, run the
+transfer mode's prefill leg when disaggregated, then the decode leg and its relay to the client."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import orjson
+
+from inferencepool.router.adaptive import AdaptiveThreshold
+from inferencepool.router.calibration import Calibrator
+from inferencepool.router.config import RouterConfig
+from inferencepool.router.http1 import Reply, Request
+from inferencepool.router.legs import Legs
+from inferencepool.router.metrics import RouterMetrics
+from inferencepool.router.pods import Pod
+from inferencepool.router.policy import Route, choose_route
+from inferencepool.router.prompt import BadRequest, Endpoint, read_prompt
+from inferencepool.router.relay import Relay
+from inferencepool.router.tokens import TokenCounter
+from inferencepool.router.transfer import ClientRequest, Transfer
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        config: RouterConfig,
+        counter: TokenCounter,
+        legs: Legs,
+        transfer: Transfer,
+        relay: Relay,
+        metrics: RouterMetrics,
+        threshold: AdaptiveThreshold,
+        calibrator: Calibrator | None,
+    ) -> None:
+        self.config = config
+        self.counter = counter
+        self.legs = legs
+        self.transfer = transfer
+        self.relay = relay
+        self.metrics = metrics
+        self.threshold = threshold
+        self.calibrator = calibrator
+        tuning = config.prefix_affinity
+        self._affinity_tokens = tuning.block_tokens * tuning.blocks if tuning.enabled else None
+
+    async def generate(self, request: Request, reply: Reply, endpoint: Endpoint) -> None:
+        started = time.monotonic()
+        raw = request.body
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as error:
+            raise BadRequest(f"request body is not valid JSON: {error}") from error
+        prompt = read_prompt(body, endpoint, self.config.served_model_name)
+        tokens, affinity = self.counter.measure(prompt, self._affinity_tokens)
+        self.metrics.prompt_tokens.observe(tokens)
+        if self.calibrator is not None:
+            self.calibrator.offer(endpoint, body, prompt)
+        pods = self.legs.pods
+        route = choose_route(
+            self.config.policy, tokens, self.threshold.threshold, pods.has_available("prefill")
+        )
+        if route is Route.FALLBACK:
+            self.metrics.fallbacks.labels("no_prefill_pod").inc()
+        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        headers = [("Content-Type", "application/json"), ("X-Request-Id", request_id)]
+        authorization = request.headers.get("authorization")
+        if authorization is not None:
+            headers.append(("Authorization", authorization))
+
+        decode_payload = raw
+        decode_affinity = affinity
+        decode_pod: Pod | None = None
+        if route is Route.DISAGGREGATED:
+            handoff = await self.transfer.prefill(
+                ClientRequest(request.path, endpoint, body, headers, affinity, prompt)
+            )
+            if handoff is None or handoff.payload is None:
+                route = Route.FALLBACK  # counted by reason where it failed
+            else:
+                decode_payload = handoff.payload
+                # The KV arrives from the prefill pod, so the decode pod's own prefix cache does not matter.
+                decode_affinity = None
+            if handoff is not None:
+                decode_pod = handoff.pod
+        self.metrics.requests_by_route[route].inc()
+        async with self.legs.open(
+            "decode",
+            request.path,
+            decode_payload,
+            headers,
+            decode_affinity,
+            prompt.stream,
+            self.config.timeouts.first_byte_seconds,
+            decode_pod,
+        ) as leg:
+            await self.relay.send(reply, leg, route, prompt.stream, started)

@@ -1,0 +1,179 @@
+"""The two KV transfer modes: how a prefill pod computes a prompt's KV and how the decode leg gets it.
+
+Each mode's `prefill` runs the prefill leg and returns the Handoff for the decode leg, or None when the
+request must be served colocated (the reason is counted where it failed). NIXL: the decode engine pulls the
+blocks the prefill engine holds for it (kv_transfer_params round trip). LMCache PD: the router picks the
+decode pod first, the prefill engine pushes the KV to it, and the router waits for every TP rank's
+ProxyNotif before it opens the decode leg.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from inferencepool.router import handshake
+from inferencepool.router.config import RouterConfig
+from inferencepool.router.errors import UpstreamError
+from inferencepool.router.http1 import UpstreamFailure
+from inferencepool.router.legs import Legs
+from inferencepool.router.lmcache_pd import PDNotifications
+from inferencepool.router.metrics import RouterMetrics
+from inferencepool.router.pods import Pod
+from inferencepool.router.prompt import Endpoint, Prompt
+from inferencepool.router.threshold import SampleWindow
+
+log = logging.getLogger("inferencepool.router")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientRequest:
+    """What the transfer modes need from a client's generation request."""
+
+    path: str
+    endpoint: Endpoint
+    body: dict[str, Any]
+    headers: list[tuple[str, str]]
+    affinity: int | None
+    prompt: Prompt
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """The decode leg of a disaggregated request: its body, and the decode pod it must go to (or None).
+
+    `payload` None: the transfer failed after a decode pod was committed to, which then serves the request
+    colocated (the client's own body)."""
+
+    payload: bytes | None
+    pod: Pod | None = None
+
+
+class Transfer(Protocol):
+    async def prefill(self, request: ClientRequest) -> Handoff | None: ...
+
+
+class _PrefillLegs:
+    """The prefill leg both modes share: send it, read its JSON answer, count a failure as a fallback."""
+
+    def __init__(
+        self, legs: Legs, config: RouterConfig, metrics: RouterMetrics, samples: SampleWindow
+    ) -> None:
+        self.legs = legs
+        self.config = config
+        self.metrics = metrics
+        self.samples = samples
+
+    async def _prefill_leg(
+        self, request: ClientRequest, payload: bytes, path: str | None = None
+    ) -> tuple[Pod, Any] | None:
+        """Send a prefill leg and read its JSON answer: (pod, answer), or None when it failed (counted)."""
+        try:
+            async with self.legs.open(
+                "prefill",
+                path or request.path,
+                payload,
+                request.headers,
+                request.affinity,
+                False,
+                self.config.timeouts.prefill_seconds,
+            ) as leg:
+                pod = leg.pod
+                try:
+                    if leg.response.status != 200:
+                        self.metrics.upstream_errors.labels(pod.name, pod.role, "status").inc()
+                        self.metrics.fallbacks.labels("prefill_failed").inc()
+                        return None
+                    return pod, orjson.loads(await leg.response.body())
+                except (UpstreamFailure, ValueError) as error:
+                    self._failed(pod, "protocol", error)
+                    return None
+        except UpstreamError as error:
+            log.warning("prefill leg failed, serving colocated: %s", error)
+            self.metrics.fallbacks.labels("prefill_failed").inc()
+            return None
+
+    def _failed(self, pod: Pod, kind: str, error: Exception) -> None:
+        log.warning("prefill leg on %s failed, serving colocated: %s", pod.name, error)
+        self.metrics.upstream_errors.labels(pod.name, pod.role, kind).inc()
+        self.metrics.fallbacks.labels("prefill_failed").inc()
+
+    def _done(self, started: float) -> None:
+        elapsed = time.monotonic() - started
+        self.samples.add(elapsed)
+        self.metrics.prefill_leg.observe(elapsed)
+
+
+class NixlTransfer(_PrefillLegs):
+    """vLLM's NixlConnector: the prefill engine holds the blocks, the decode engine reads them."""
+
+    async def prefill(self, request: ClientRequest) -> Handoff | None:
+        started = time.monotonic()
+        payload = orjson.dumps(handshake.nixl_prefill_body(request.body))
+        answered = await self._prefill_leg(request, payload)
+        if answered is None:
+            return None
+        pod, answer = answered
+        try:
+            decode_body = handshake.nixl_decode_body(request.body, answer)
+        except ValueError as error:
+            self._failed(pod, "protocol", error)
+            return None
+        self._done(started)
+        return Handoff(orjson.dumps(decode_body))
+
+
+class LMCachePDTransfer(_PrefillLegs):
+    """LMCache PD: the prefill engine pushes the KV to a decode pod the router chose beforehand."""
+
+    def __init__(
+        self,
+        legs: Legs,
+        config: RouterConfig,
+        metrics: RouterMetrics,
+        samples: SampleWindow,
+        notifications: PDNotifications,
+    ) -> None:
+        super().__init__(legs, config, metrics, samples)
+        self.notifications = notifications
+
+    async def prefill(self, request: ClientRequest) -> Handoff | None:
+        """Returns the decode leg's Handoff, or None when the request should be served colocated (counted
+        here; after a missing push it is still pinned to the decode pod chosen, see Orchestrator)."""
+        settings = self.config.lmcache_pd
+        decode_pod = self.legs.pods.pick("decode", time.monotonic())
+        if decode_pod is None:
+            return None  # the decode leg will say no decode pod is ready
+        # The router's own id: a client's X-Request-Id may repeat, a transfer id must not.
+        transfer_id = uuid.uuid4().hex
+        pushed = self.notifications.expect(transfer_id, len(settings.receiver_init_ports))
+        started = time.monotonic()
+        payload = orjson.dumps(
+            handshake.lmcache_prefill_body(request.body, transfer_id, decode_pod.host, settings)
+        )
+        try:
+            answered = await self._prefill_leg(request, payload)
+            if answered is None:
+                return None
+            try:
+                # The engine answers once prefill is done; its push to the decode pod may still be in flight.
+                await asyncio.wait_for(pushed, self.config.timeouts.kv_push_seconds)
+            except TimeoutError:
+                log.warning(
+                    "no KV push notification from %s within %d s: %s prefills by itself",
+                    answered[0].name,
+                    self.config.timeouts.kv_push_seconds,
+                    decode_pod.name,
+                )
+                self.metrics.fallbacks.labels("kv_push_timeout").inc()
+                return Handoff(None, decode_pod)
+        finally:
+            self.notifications.discard(transfer_id)
+        self._done(started)
+        return Handoff(orjson.dumps(handshake.lmcache_decode_body(request.body)), decode_pod)
