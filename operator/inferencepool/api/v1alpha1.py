@@ -11,6 +11,7 @@ spec is rejected with the same words by the API server, by the operator and by t
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -47,6 +48,34 @@ DEFAULT_TENSOR_PARALLEL_SIZE: Final = 1
 # dots).
 MAX_POOL_NAME_LENGTH: Final = 44
 POOL_NAME_PATTERN: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# Bounds, sized for real use and so that no spec reaches the size at which the copies of it kept in
+# annotations overflow them: kopf's last-handled-configuration and kubectl's last-applied-configuration each
+# copy the spec, and all annotations of an object share 256 KiB. Typed fields are bounded in the CRD;
+# free-form subtrees (resources, affinity, tolerations, security contexts) only at their top level, so the
+# model also bounds the spec as a whole (MAX_SPEC_BYTES, reported as Degraded where the API server let it
+# through).
+MAX_OBJECT_NAME_LENGTH: Final = 253  # names of Secrets and PVCs, Secret keys
+MAX_REFERENCE_LENGTH: Final = 512  # model ids and paths, tokenizers, images
+MAX_SERVED_NAME_LENGTH: Final = 256
+MAX_EXTRA_ARGS: Final = 64
+MAX_EXTRA_ARG_LENGTH: Final = 4096
+MAX_EXTRA_ARGS_TOTAL: Final = 16384
+MAX_EXTRA_ENV: Final = 64
+MAX_ENV_NAME_LENGTH: Final = 256
+MAX_ENV_VALUE_LENGTH: Final = 4096
+MAX_EXTRA_ENV_TOTAL: Final = 16384
+MAX_NODE_SELECTOR_ENTRIES: Final = 32
+MAX_TOLERATIONS: Final = 32
+MAX_REPLICAS: Final = 512
+MAX_ROUTER_REPLICAS: Final = 64
+MAX_GPUS_PER_REPLICA: Final = 64
+MAX_TOKENS: Final = 16_777_216
+MAX_SECONDS: Final = 3600
+MAX_SPEC_BYTES: Final = 96 * 1024
+# Label limits (prefix/name keys, values), for nodeSelector.
+MAX_LABEL_KEY_LENGTH: Final = 317
+MAX_LABEL_VALUE_LENGTH: Final = 63
+
 # What the API server accepts as an EnvVar name (before 1.34 relaxed it): the pod template never fails on one.
 ENV_VAR_NAME_PATTERN: Final = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 
@@ -85,8 +114,10 @@ class StatusModel(BaseModel):
 class SecretKeyRef(SpecModel):
     """A key of a Secret in the pool's namespace."""
 
-    name: str = Field(min_length=1, description="Name of the Secret.")
-    key: str = Field(min_length=1, description="Key inside the Secret, e.g. HF_TOKEN.")
+    name: str = Field(min_length=1, max_length=MAX_OBJECT_NAME_LENGTH, description="Name of the Secret.")
+    key: str = Field(
+        min_length=1, max_length=MAX_OBJECT_NAME_LENGTH, description="Key inside the Secret, e.g. HF_TOKEN."
+    )
 
 
 ENV_VAR_VALUE_MESSAGE: Final = "spec.engine.extraEnv[] entries must set exactly one of value and valueFrom"
@@ -101,8 +132,9 @@ _ENV_VAR_SCHEMA: Final[dict[str, Any]] = {
             "type": "string",
             "description": "Environment variable name.",
             "pattern": ENV_VAR_NAME_PATTERN,
+            "maxLength": MAX_ENV_NAME_LENGTH,
         },
-        "value": {"type": "string", "description": "Its value."},
+        "value": {"type": "string", "description": "Its value.", "maxLength": MAX_ENV_VALUE_LENGTH},
         "valueFrom": {
             "type": "object",
             "description": "Where its value comes from (a Kubernetes EnvVarSource), instead of value.",
@@ -127,10 +159,14 @@ def env_var_problems(index: int, item: Mapping[str, Any]) -> list[str]:
         problems.append(f"{where}.name: Required value")
     elif not isinstance(name, str) or re.fullmatch(ENV_VAR_NAME_PATTERN, name) is None:
         problems.append(f"{where}.name in body should match '{ENV_VAR_NAME_PATTERN}'")
+    elif len(name) > MAX_ENV_NAME_LENGTH:
+        problems.append(f"{where}.name must be at most {MAX_ENV_NAME_LENGTH} characters")
     if ("value" in item) == ("valueFrom" in item):
         problems.append(ENV_VAR_VALUE_MESSAGE)
     if "value" in item and not isinstance(item["value"], str):
         problems.append(f"{where}.value must be a string")
+    elif len(item.get("value", "")) > MAX_ENV_VALUE_LENGTH:
+        problems.append(f"{where}.value must be at most {MAX_ENV_VALUE_LENGTH} characters")
     if "valueFrom" in item and not isinstance(item["valueFrom"], dict):
         problems.append(f"{where}.valueFrom must be an object")
     return problems
@@ -141,6 +177,7 @@ class ModelCache(SpecModel):
 
     persistent_volume_claim: str = Field(
         min_length=1,
+        max_length=MAX_OBJECT_NAME_LENGTH,
         description="PersistentVolumeClaim mounted as HF_HOME (ReadWriteMany when pods span nodes).",
     )
 
@@ -150,15 +187,20 @@ class ModelSpec(SpecModel):
 
     name: str = Field(
         min_length=1,
+        max_length=MAX_REFERENCE_LENGTH,
         description="Hugging Face model id (e.g. meta-llama/Llama-3.1-8B-Instruct) or a local path.",
     )
     served_name: str | None = Field(
         default=None,
         min_length=1,
+        max_length=MAX_SERVED_NAME_LENGTH,
         description="Model name clients send in requests (vLLM --served-model-name). Defaults to name.",
     )
     tokenizer: str | None = Field(
-        default=None, min_length=1, description="Tokenizer id or path when it differs from the model's."
+        default=None,
+        min_length=1,
+        max_length=MAX_REFERENCE_LENGTH,
+        description="Tokenizer id or path when it differs from the model's.",
     )
     cache: ModelCache | None = Field(
         default=None, description="Volume that caches downloaded weights. Without it pods download on start."
@@ -175,23 +217,36 @@ class EngineSpec(SpecModel):
     image: str = Field(
         default=DEFAULT_ENGINE_IMAGE,
         min_length=1,
+        max_length=MAX_REFERENCE_LENGTH,
         description=f"Engine container image. Defaults to {DEFAULT_ENGINE_IMAGE}.",
     )
-    extra_args: list[str] = Field(
+    extra_args: list[Annotated[str, Field(max_length=MAX_EXTRA_ARG_LENGTH)]] = Field(
         default_factory=list,
-        description="Extra arguments appended to `vllm serve`, passed through unchanged.",
+        max_length=MAX_EXTRA_ARGS,
+        description=(
+            "Extra arguments appended to `vllm serve`, passed through unchanged "
+            f"(at most {MAX_EXTRA_ARGS_TOTAL} characters in all)."
+        ),
     )
     extra_env: list[EnvVar] = Field(
         default_factory=list,
-        description="Extra environment variables for the engine container (Kubernetes EnvVar objects).",
+        max_length=MAX_EXTRA_ENV,
+        description=(
+            "Extra environment variables for the engine container (Kubernetes EnvVar objects; values of at "
+            f"most {MAX_EXTRA_ENV_TOTAL} characters in all)."
+        ),
     )
     tensor_parallel_size: int = Field(
         default=DEFAULT_TENSOR_PARALLEL_SIZE,
         ge=1,
+        le=MAX_GPUS_PER_REPLICA,
         description="GPUs one engine shards the model across (vLLM --tensor-parallel-size). Defaults to 1.",
     )
     max_model_len: int | None = Field(
-        default=None, ge=1, description="Maximum context length in tokens. Defaults to the model's own."
+        default=None,
+        ge=1,
+        le=MAX_TOKENS,
+        description="Maximum context length in tokens. Defaults to the model's own.",
     )
     gpu_memory_utilization_percent: int = Field(
         default=90,
@@ -209,26 +264,64 @@ class EngineSpec(SpecModel):
         return value
 
 
+NODE_SELECTOR_MESSAGE: Final = (
+    f"scheduling.nodeSelector keys must be at most {MAX_LABEL_KEY_LENGTH} characters and values at most "
+    f"{MAX_LABEL_VALUE_LENGTH} (Kubernetes label limits)"
+)
+
+
 class Scheduling(SpecModel):
     """Where the pool's pods may run. Passed through to the pod spec unchanged."""
 
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=MAX_NODE_SELECTOR_ENTRIES,
+        description="Pod nodeSelector.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": (
+                        f"self.all(k, k.size() <= {MAX_LABEL_KEY_LENGTH} && "
+                        f"self[k].size() <= {MAX_LABEL_VALUE_LENGTH})"
+                    ),
+                    "message": NODE_SELECTOR_MESSAGE,
+                }
+            ]
+        },
+    )
     tolerations: list[dict[str, Any]] = Field(
-        default_factory=list, description="Pod tolerations (Kubernetes Toleration objects)."
+        default_factory=list,
+        max_length=MAX_TOLERATIONS,
+        description="Pod tolerations (Kubernetes Toleration objects).",
     )
     affinity: dict[str, Any] = Field(
-        default_factory=dict, description="Pod affinity (a Kubernetes Affinity object)."
+        default_factory=dict,
+        max_length=3,
+        description="Pod affinity (a Kubernetes Affinity: nodeAffinity, podAffinity, podAntiAffinity).",
     )
+
+    @field_validator("node_selector")
+    @classmethod
+    def _check_node_selector(cls, value: dict[str, str]) -> dict[str, str]:
+        if any(len(k) > MAX_LABEL_KEY_LENGTH or len(v) > MAX_LABEL_VALUE_LENGTH for k, v in value.items()):
+            raise ValueError(NODE_SELECTOR_MESSAGE)
+        return value
 
 
 class LatencyTarget(SpecModel):
     """The latency the autoscaler holds the pool to: TTFT for prefill, ITL for decode."""
 
     ttft_milliseconds: int | None = Field(
-        default=None, ge=1, description="Time to first token, in milliseconds. Prefill pools only."
+        default=None,
+        ge=1,
+        le=600_000,
+        description="Time to first token, in milliseconds. Prefill pools only.",
     )
     itl_milliseconds: int | None = Field(
-        default=None, ge=1, description="Inter-token latency, in milliseconds. Decode pools only."
+        default=None,
+        ge=1,
+        le=60_000,
+        description="Inter-token latency, in milliseconds. Decode pools only.",
     )
     percentile: int = Field(
         default=90,
@@ -248,17 +341,21 @@ class Autoscaling(SpecModel):
     min_replicas: int = Field(
         default=DEFAULT_MIN_REPLICAS,
         ge=1,
+        le=MAX_REPLICAS,
         description="Fewest replicas. Defaults to 1. Must be <= maxReplicas.",
     )
-    max_replicas: int = Field(ge=1, description="Most replicas.")
+    max_replicas: int = Field(ge=1, le=MAX_REPLICAS, description=f"Most replicas (at most {MAX_REPLICAS}).")
     target: LatencyTarget = Field(
         description="Latency target: ttftMilliseconds for prefill, itlMilliseconds for decode."
     )
     window_seconds: int = Field(
-        default=60, ge=1, description="Window over which the observed percentile is computed. Defaults to 60."
+        default=60,
+        ge=1,
+        le=MAX_SECONDS,
+        description="Window over which the observed percentile is computed. Defaults to 60.",
     )
     interval_seconds: int = Field(
-        default=15, ge=1, description="Seconds between scaling decisions. Defaults to 15."
+        default=15, ge=1, le=MAX_SECONDS, description="Seconds between scaling decisions. Defaults to 15."
     )
     tolerance_percent: int = Field(
         default=10,
@@ -269,18 +366,20 @@ class Autoscaling(SpecModel):
     scale_up_stabilization_seconds: int = Field(
         default=0,
         ge=0,
+        le=MAX_SECONDS,
         description="Scale up only if every decision in this window asked for more. Defaults to 0.",
     )
     scale_down_stabilization_seconds: int = Field(
         default=300,
         ge=0,
+        le=MAX_SECONDS,
         description="Scale down only to the highest count asked for in this window. Defaults to 300.",
     )
     max_scale_up_replicas: int = Field(
-        default=4, ge=1, description="Most replicas added by one decision. Defaults to 4."
+        default=4, ge=1, le=MAX_REPLICAS, description="Most replicas added by one decision. Defaults to 4."
     )
     max_scale_down_replicas: int = Field(
-        default=1, ge=1, description="Most replicas removed by one decision. Defaults to 1."
+        default=1, ge=1, le=MAX_REPLICAS, description="Most replicas removed by one decision. Defaults to 1."
     )
 
 
@@ -290,6 +389,7 @@ class PoolSpec(SpecModel):
     replicas: int | None = Field(
         default=None,
         ge=0,
+        le=MAX_REPLICAS,
         description=(
             "Engine pods. Defaults to autoscaling.minReplicas when autoscaling is on, else 1. "
             "With autoscaling on it is only the starting count and must lie within minReplicas..maxReplicas."
@@ -298,6 +398,7 @@ class PoolSpec(SpecModel):
     gpus_per_replica: int | None = Field(
         default=None,
         ge=0,
+        le=MAX_GPUS_PER_REPLICA,
         description="GPUs per pod (nvidia.com/gpu); 0 runs on CPU. Defaults to engine.tensorParallelSize.",
     )
     resources: dict[str, Any] = Field(
@@ -344,7 +445,9 @@ class KVTransferSpec(SpecModel):
 class DiskCache(SpecModel):
     """A local-disk tier for LMCache, below CPU memory."""
 
-    size_gib: int = Field(alias="sizeGiB", ge=1, description="Disk space per pod for cached KV, in GiB.")
+    size_gib: int = Field(
+        alias="sizeGiB", ge=1, le=65536, description="Disk space per pod for cached KV, in GiB."
+    )
 
 
 class P2PSpec(SpecModel):
@@ -356,6 +459,7 @@ class P2PSpec(SpecModel):
     controller_image: str | None = Field(
         default=None,
         min_length=1,
+        max_length=MAX_REFERENCE_LENGTH,
         description="LMCache controller image (must provide lmcache_controller). Defaults to engine.image.",
     )
 
@@ -363,11 +467,14 @@ class P2PSpec(SpecModel):
 class KVCacheSpec(SpecModel):
     """LMCache settings, shared by every engine of the pool. LMCache is on when this block is present."""
 
-    chunk_size: int = Field(default=256, ge=1, description="Tokens per LMCache chunk. Defaults to 256.")
+    chunk_size: int = Field(
+        default=256, ge=1, le=65536, description="Tokens per LMCache chunk. Defaults to 256."
+    )
     cpu_offload_gib: int = Field(
         default=5,
         alias="cpuOffloadGiB",
         ge=0,
+        le=65536,
         description="CPU memory per pod for offloaded KV, in GiB. Defaults to 5.",
     )
     disk: DiskCache | None = Field(default=None, description="Local disk tier. Off when absent.")
@@ -383,11 +490,13 @@ class AdaptiveThreshold(SpecModel):
     min_tokens: int = Field(
         default=DEFAULT_ADAPTIVE_MIN_TOKENS,
         ge=1,
+        le=MAX_TOKENS,
         description=f"Lowest threshold. Defaults to {DEFAULT_ADAPTIVE_MIN_TOKENS}.",
     )
     max_tokens: int = Field(
         default=DEFAULT_ADAPTIVE_MAX_TOKENS,
         ge=1,
+        le=MAX_TOKENS,
         description=f"Highest threshold. Defaults to {DEFAULT_ADAPTIVE_MAX_TOKENS}.",
     )
 
@@ -395,10 +504,11 @@ class AdaptiveThreshold(SpecModel):
 class RouterSpec(SpecModel):
     """The pool's OpenAI-compatible entry point, which decides per request whether to use the prefill pool."""
 
-    replicas: int = Field(default=1, ge=1, description="Router pods. Defaults to 1.")
+    replicas: int = Field(default=1, ge=1, le=MAX_ROUTER_REPLICAS, description="Router pods. Defaults to 1.")
     image: str = Field(
         default=DEFAULT_ROUTER_IMAGE,
         min_length=1,
+        max_length=MAX_REFERENCE_LENGTH,
         description=f"Router image. Defaults to {DEFAULT_ROUTER_IMAGE}.",
     )
     policy: RoutingPolicy = Field(
@@ -413,6 +523,7 @@ class RouterSpec(SpecModel):
     prefill_threshold_tokens: int = Field(
         default=DEFAULT_PREFILL_THRESHOLD_TOKENS,
         ge=1,
+        le=MAX_TOKENS,
         description=(
             f"Prompt length, in tokens, from which LengthAware sends a request through the prefill pool. "
             f"Defaults to {DEFAULT_PREFILL_THRESHOLD_TOKENS}."
@@ -446,6 +557,12 @@ class SpecRule:
     holds: Callable[[InferencePoolSpec], bool]
 
 
+SPEC_SIZE_MESSAGE: Final = (
+    "spec is {size} bytes as JSON, more than " + str(MAX_SPEC_BYTES) + ": kopf and kubectl keep copies of it "
+    "in the object's annotations, which Kubernetes limits to 256 KiB in all"
+)
+
+
 class InferencePoolSpec(SpecModel):
     """Desired state of an InferencePool: one model, served by prefill and decode pools behind a router."""
 
@@ -477,6 +594,15 @@ class InferencePoolSpec(SpecModel):
         if isinstance(data, Mapping) and not isinstance(data, dict):
             return dict(data)
         return data
+
+    @model_validator(mode="after")
+    def _check_size(self) -> InferencePoolSpec:
+        # What the user wrote (defaults are not stored), as the API server stores it: compact UTF-8 JSON.
+        written = self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        size = len(json.dumps(written, separators=(",", ":"), ensure_ascii=False).encode())
+        if size > MAX_SPEC_BYTES:
+            raise ValueError(SPEC_SIZE_MESSAGE.format(size=size))
+        return self
 
     @model_validator(mode="after")
     def _check_cross_field_rules(self) -> InferencePoolSpec:
@@ -679,7 +805,37 @@ def _kv_rules() -> list[SpecRule]:
     ]
 
 
+def _engine_rules() -> list[SpecRule]:
+    has_args = "has(self.engine) && has(self.engine.extraArgs)"
+    has_env = "has(self.engine) && has(self.engine.extraEnv)"
+
+    def args_total(spec: InferencePoolSpec) -> bool:
+        return sum(len(arg) for arg in spec.engine.extra_args) <= MAX_EXTRA_ARGS_TOTAL
+
+    def env_total(spec: InferencePoolSpec) -> bool:
+        return sum(len(str(e.get("value", ""))) for e in spec.engine.extra_env) <= MAX_EXTRA_ENV_TOTAL
+
+    return [
+        SpecRule(
+            field="engine.extraArgs",
+            cel=f"!({has_args}) || self.engine.extraArgs.map(a, a.size()).sum() <= {MAX_EXTRA_ARGS_TOTAL}",
+            message=f"spec.engine.extraArgs must have at most {MAX_EXTRA_ARGS_TOTAL} characters in all",
+            holds=args_total,
+        ),
+        SpecRule(
+            field="engine.extraEnv",
+            cel=(
+                f"!({has_env}) || self.engine.extraEnv.map(e, has(e.value) ? e.value.size() : 0).sum() "
+                f"<= {MAX_EXTRA_ENV_TOTAL}"
+            ),
+            message=f"spec.engine.extraEnv values must have at most {MAX_EXTRA_ENV_TOTAL} characters in all",
+            holds=env_total,
+        ),
+    ]
+
+
 SPEC_RULES: Final[tuple[SpecRule, ...]] = (
+    *_engine_rules(),
     *_pool_rules("prefill"),
     *_pool_rules("decode"),
     *_router_rules(),
