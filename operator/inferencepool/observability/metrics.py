@@ -1,0 +1,156 @@
+"""The operator's Prometheus metrics (prometheus-client), on their own registry so tests can run several.
+
+Per pool and role: the observed latency at the target percentile and the target itself (prefill: TTFT, decode:
+ITL), current/desired/ready replicas, the autoscaler's last decision as a one-hot gauge over a fixed set of
+reasons, and ScalingLimited/Degraded as 0/1 gauges. Per pool: reconciles by result; for the operator:
+reconcile duration. Labels are namespace, pool, role and reason only (never request ids or prompts), and a
+deleted pool's series are removed with `forget_pool`, so cardinality is bounded by the pools that exist.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PREFIX: Final = "inferencepool"
+ROLES: Final = ("prefill", "decode")
+# The autoscaler's decision reasons (inferencepool.autoscaler.policy); anything else is reported as Other, so
+# a new reason can never add unbounded series.
+DECISION_REASONS: Final = (
+    "TargetExceeded",
+    "BelowTarget",
+    "WithinTolerance",
+    "NoTraffic",
+    "WaitingForReplicas",
+    "Stabilizing",
+    "OutOfBounds",
+    "Other",
+)
+RESULTS: Final = ("ok", "error")
+RECONCILE_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+# Metric names (without the _total suffix prometheus-client adds to counters), for dashboards and alerts.
+OBSERVED_LATENCY: Final = f"{PREFIX}_pool_observed_latency_seconds"
+TARGET_LATENCY: Final = f"{PREFIX}_pool_target_latency_seconds"
+REPLICAS: Final = f"{PREFIX}_pool_replicas"
+DESIRED_REPLICAS: Final = f"{PREFIX}_pool_desired_replicas"
+READY_REPLICAS: Final = f"{PREFIX}_pool_ready_replicas"
+SCALING_DECISION: Final = f"{PREFIX}_pool_scaling_decision"
+SCALING_LIMITED: Final = f"{PREFIX}_pool_scaling_limited"
+DEGRADED: Final = f"{PREFIX}_pool_degraded"
+RECONCILES: Final = f"{PREFIX}_operator_reconciles"
+RECONCILE_DURATION: Final = f"{PREFIX}_operator_reconcile_duration_seconds"
+
+POOL_LABELS: Final = ("namespace", "pool")
+ROLE_LABELS: Final = ("namespace", "pool", "role")
+
+
+def decision_label(reason: str | None) -> str | None:
+    """The bounded label value for an autoscaler reason (None: no decision yet)."""
+    if reason is None:
+        return None
+    return reason if reason in DECISION_REASONS else "Other"
+
+
+class OperatorMetrics:
+    """The operator's metrics; the operator keeps one and calls these methods, a scrape reads `registry`."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.observed = Gauge(
+            OBSERVED_LATENCY,
+            "Latency at the target percentile over the autoscaler's window (prefill: TTFT, decode: ITL)",
+            ROLE_LABELS,
+            registry=r,
+        )
+        self.target = Gauge(
+            TARGET_LATENCY, "The pool's latency target (prefill: TTFT, decode: ITL)", ROLE_LABELS, registry=r
+        )
+        self.replicas = Gauge(REPLICAS, "Engine pods that exist", ROLE_LABELS, registry=r)
+        self.desired = Gauge(
+            DESIRED_REPLICAS, "Engine pods wanted, by the spec or the autoscaler", ROLE_LABELS, registry=r
+        )
+        self.ready = Gauge(READY_REPLICAS, "Engine pods that are ready", ROLE_LABELS, registry=r)
+        self.decision = Gauge(
+            SCALING_DECISION,
+            "The autoscaler's last decision: 1 for its reason, 0 for the others",
+            (*ROLE_LABELS, "reason"),
+            registry=r,
+        )
+        self.limited = Gauge(
+            SCALING_LIMITED,
+            "1 while the autoscaler wants more replicas than it may have (condition ScalingLimited)",
+            ROLE_LABELS,
+            registry=r,
+        )
+        self.degraded = Gauge(
+            DEGRADED, "1 while the pool's Degraded condition is True", POOL_LABELS, registry=r
+        )
+        self.reconciles = Counter(
+            RECONCILES, "Reconciles of a pool, by result", (*POOL_LABELS, "result"), registry=r
+        )
+        self.reconcile_duration = Histogram(
+            RECONCILE_DURATION, "Duration of one reconcile of a pool", buckets=RECONCILE_BUCKETS, registry=r
+        )
+
+    def record_pool(
+        self,
+        namespace: str,
+        pool: str,
+        role: str,
+        *,
+        observed_ms: int | None,
+        target_ms: int | None,
+        current: int,
+        desired: int,
+        ready: int,
+        decision_reason: str | None,
+        scaling_limited: bool,
+        degraded: bool,
+    ) -> None:
+        """What one role of one pool looks like now. None: not measured yet / no target / no decision (the
+        series is removed, so a dashboard shows a gap rather than a stale figure)."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, not {role!r}")
+        labels = (namespace, pool, role)
+        for gauge, milliseconds in ((self.observed, observed_ms), (self.target, target_ms)):
+            if milliseconds is None:
+                gauge.remove(*labels)
+            else:
+                gauge.labels(*labels).set(milliseconds / 1000)
+        self.replicas.labels(*labels).set(current)
+        self.desired.labels(*labels).set(desired)
+        self.ready.labels(*labels).set(ready)
+        chosen = decision_label(decision_reason)
+        for reason in DECISION_REASONS:
+            if chosen is None:
+                self.decision.remove(*labels, reason)
+            else:
+                self.decision.labels(*labels, reason).set(1 if reason == chosen else 0)
+        self.limited.labels(*labels).set(1 if scaling_limited else 0)
+        self.degraded.labels(namespace, pool).set(1 if degraded else 0)
+
+    @contextmanager
+    def reconcile(self, namespace: str, pool: str) -> Iterator[None]:
+        """Count and time one reconcile; an exception counts as an error and propagates."""
+        started = time.perf_counter()
+        result = "error"
+        try:
+            yield
+            result = "ok"
+        finally:
+            self.reconcile_duration.observe(time.perf_counter() - started)
+            self.reconciles.labels(namespace, pool, result).inc()
+
+    def forget_pool(self, namespace: str, pool: str) -> None:
+        """Drop every series of a deleted pool."""
+        for metric in (
+            self.observed, self.target, self.replicas, self.desired, self.ready, self.decision, self.limited,
+            self.degraded, self.reconciles,
+        ):  # fmt: skip
+            metric.remove_by_labels({"namespace": namespace, "pool": pool})

@@ -1,0 +1,118 @@
+"""The operator's metrics module: what a scrape shows after each call, and that labels stay bounded."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from inferencepool.autoscaler import policy
+from inferencepool.observability import metrics
+from inferencepool.observability.metrics import OperatorMetrics
+
+
+def samples(m: OperatorMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = generate_latest(m.registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(m: OperatorMetrics, name: str, **labels: str) -> float | None:
+    return samples(m).get((name, tuple(sorted(labels.items()))))
+
+
+def record(m: OperatorMetrics, **overrides: object) -> None:
+    figures: dict[str, object] = {
+        "observed_ms": 950,
+        "target_ms": 800,
+        "current": 2,
+        "desired": 3,
+        "ready": 1,
+        "decision_reason": "TargetExceeded",
+        "scaling_limited": True,
+        "degraded": False,
+    }
+    figures.update(overrides)
+    m.record_pool("default", "demo", "prefill", **figures)  # type: ignore[arg-type]
+
+
+def test_record_pool_exports_every_figure_in_base_units() -> None:
+    m = OperatorMetrics()
+    record(m)
+    pool = {"namespace": "default", "pool": "demo", "role": "prefill"}
+    assert value(m, metrics.OBSERVED_LATENCY, **pool) == pytest.approx(0.95)
+    assert value(m, metrics.TARGET_LATENCY, **pool) == pytest.approx(0.8)
+    assert value(m, metrics.REPLICAS, **pool) == 2
+    assert value(m, metrics.DESIRED_REPLICAS, **pool) == 3
+    assert value(m, metrics.READY_REPLICAS, **pool) == 1
+    assert value(m, metrics.SCALING_LIMITED, **pool) == 1
+    assert value(m, metrics.DEGRADED, namespace="default", pool="demo") == 0
+    # One-hot over the fixed reason set.
+    assert value(m, metrics.SCALING_DECISION, **pool, reason="TargetExceeded") == 1
+    others = [r for r in metrics.DECISION_REASONS if r != "TargetExceeded"]
+    assert all(value(m, metrics.SCALING_DECISION, **pool, reason=r) == 0 for r in others)
+
+
+def test_unknown_figures_remove_their_series_instead_of_keeping_a_stale_one() -> None:
+    m = OperatorMetrics()
+    record(m)
+    record(m, observed_ms=None, target_ms=None, decision_reason=None, scaling_limited=False)
+    pool = {"namespace": "default", "pool": "demo", "role": "prefill"}
+    assert value(m, metrics.OBSERVED_LATENCY, **pool) is None
+    assert value(m, metrics.TARGET_LATENCY, **pool) is None
+    assert not [k for k in samples(m) if k[0] == metrics.SCALING_DECISION]
+    assert value(m, metrics.SCALING_LIMITED, **pool) == 0
+
+
+def test_decision_reasons_are_a_bounded_set_covering_the_autoscalers() -> None:
+    reasons = {
+        getattr(policy, name)
+        for name in dir(policy)
+        if name.isupper() and isinstance(getattr(policy, name), str) and getattr(policy, name).isalpha()
+    }
+    assert reasons <= set(metrics.DECISION_REASONS), reasons - set(metrics.DECISION_REASONS)
+    m = OperatorMetrics()
+    record(m, decision_reason="SomethingNew")
+    series = {dict(k[1])["reason"] for k in samples(m) if k[0] == metrics.SCALING_DECISION}
+    assert series == set(metrics.DECISION_REASONS)
+    assert (
+        value(m, metrics.SCALING_DECISION, namespace="default", pool="demo", role="prefill", reason="Other")
+        == 1
+    )
+
+
+def test_role_must_be_an_engine_role() -> None:
+    with pytest.raises(ValueError, match="role must be one of"):
+        OperatorMetrics().record_pool(
+            "default", "demo", "router", observed_ms=None, target_ms=None, current=1, desired=1, ready=1,
+            decision_reason=None, scaling_limited=False, degraded=False,
+        )  # fmt: skip
+
+
+def test_reconcile_counts_results_and_times_every_run() -> None:
+    m = OperatorMetrics()
+    with m.reconcile("default", "demo"):
+        pass
+    with pytest.raises(RuntimeError), m.reconcile("default", "demo"):
+        raise RuntimeError("apply failed")
+    total = f"{metrics.RECONCILES}_total"
+    assert value(m, total, namespace="default", pool="demo", result="ok") == 1
+    assert value(m, total, namespace="default", pool="demo", result="error") == 1
+    assert value(m, f"{metrics.RECONCILE_DURATION}_count") == 2
+
+
+def test_forget_pool_drops_every_series_of_that_pool_only() -> None:
+    m = OperatorMetrics()
+    record(m)
+    m.record_pool(
+        "default", "other", "decode", observed_ms=30, target_ms=40, current=1, desired=1, ready=1,
+        decision_reason="WithinTolerance", scaling_limited=False, degraded=True,
+    )  # fmt: skip
+    with m.reconcile("default", "demo"):
+        pass
+    m.forget_pool("default", "demo")
+    pools = {dict(labels).get("pool") for _, labels in samples(m)}
+    assert pools == {None, "other"}  # None: the unlabelled reconcile histogram
