@@ -7,6 +7,15 @@ from typing import Any, Literal, TypeGuard
 
 Endpoint = Literal["completions", "chat"]
 
+# Fields only the router may set: they tell an engine where to read or push KV (vLLM's kv_transfer_params and
+# ec_transfer_params, LMCache's disagg_spec). From a client they would let it point a decode engine at an
+# address of its choosing or consume another request's KV hold, so a request carrying one is refused (a
+# clear 400 rather than a silent strip: a client relying on them learns at once that the router owns them).
+# vLLM also copies vllm_xargs into the same extra_args that carry kv_transfer_params to the connector.
+ROUTER_ONLY_FIELDS = ("kv_transfer_params", "ec_transfer_params", "disagg_spec")
+# vLLM and LMCache keep token ids as 32-bit unsigned integers (the affinity hash packs them so too).
+MAX_TOKEN_ID = 2**32 - 1
+
 
 class BadRequest(ValueError):
     """A request the router refuses; `status` and `error_type` follow OpenAI's error shape."""
@@ -69,11 +78,31 @@ def _is_token_ids(value: object) -> TypeGuard[list[int]]:
     return isinstance(value, list) and bool(value) and all(isinstance(item, int) for item in value)
 
 
+def _check_token_range(ids: list[int], where: str) -> None:
+    low, high = min(ids), max(ids)
+    if low < 0 or high > MAX_TOKEN_ID:
+        bad = low if low < 0 else high
+        raise BadRequest(
+            f"`{where}` holds token id {bad}: token ids must be integers in 0..{MAX_TOKEN_ID}", param="prompt"
+        )
+
+
 def read_prompt(body: object, endpoint: Endpoint, served_model_name: str | None) -> Prompt:
     """Validate the fields the router depends on; the engine validates the rest (sampling params and so
     on)."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
+    for name in ROUTER_ONLY_FIELDS:
+        if name in body:
+            raise BadRequest(f"`{name}` is set by the router and may not be sent by clients", param=name)
+    xargs = body.get("vllm_xargs")
+    if isinstance(xargs, dict):
+        for name in ROUTER_ONLY_FIELDS:
+            if name in xargs:
+                raise BadRequest(
+                    f"`vllm_xargs.{name}` is set by the router and may not be sent by clients",
+                    param=f"vllm_xargs.{name}",
+                )
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("`model` is required and must be a non-empty string", param="model")
@@ -96,11 +125,14 @@ def read_prompt(body: object, endpoint: Endpoint, served_model_name: str | None)
     if isinstance(prompt, str):
         return Prompt(texts=(prompt,), token_ids=(), message_count=0, stream=stream)
     if _is_token_ids(prompt):
+        _check_token_range(prompt, "prompt")
         return Prompt(texts=(), token_ids=(tuple(prompt),), message_count=0, stream=stream)
     if isinstance(prompt, list) and prompt:
         if all(isinstance(item, str) for item in prompt):
             return Prompt(texts=tuple(prompt), token_ids=(), message_count=0, stream=stream)
         if all(_is_token_ids(item) for item in prompt):
+            for index, item in enumerate(prompt):
+                _check_token_range(item, f"prompt[{index}]")
             return Prompt(
                 texts=(), token_ids=tuple(tuple(item) for item in prompt), message_count=0, stream=stream
             )
