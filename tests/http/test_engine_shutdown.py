@@ -56,7 +56,11 @@ async def first_chunk_then_rest(response: aiohttp.ClientResponse) -> list[str]:
 
 
 async def test_sigterm_finishes_in_flight_streams_and_refuses_new_connections() -> None:
-    async with engine_process("--time-scale", "0.5") as (process, url), aiohttp.ClientSession() as http:
+    # vLLM drains only with --shutdown-timeout > 0 (its default, 0, aborts: see the next test)
+    async with (
+        engine_process("--time-scale", "0.5", "--shutdown-timeout", "30") as (process, url),
+        aiohttp.ClientSession() as http,
+    ):
         body = {"model": "llama-8b", "prompt": "stream for a while", "max_tokens": 40, "stream": True}
         async with http.post(f"{url}/v1/completions", json=body) as response:
             assert response.status == 200
@@ -73,9 +77,11 @@ async def test_sigterm_finishes_in_flight_streams_and_refuses_new_connections() 
         assert await asyncio.wait_for(process.wait(), 10) == 0
 
 
-async def test_drain_is_bounded() -> None:
+@pytest.mark.parametrize("shutdown_timeout", ["0", "1"])
+async def test_drain_is_bounded(shutdown_timeout: str) -> None:
+    """--shutdown-timeout bounds the drain; 0 (vLLM's default) aborts in-flight requests at once."""
     async with (
-        engine_process("--time-scale", "1", "--drain-timeout", "0.3") as (process, url),
+        engine_process("--time-scale", "1", "--shutdown-timeout", shutdown_timeout) as (process, url),
         aiohttp.ClientSession() as http,
     ):
         body = {"model": "llama-8b", "prompt": "a very long answer", "max_tokens": 2000, "stream": True}

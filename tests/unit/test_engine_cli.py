@@ -40,10 +40,10 @@ def test_vllm_serve_command_line() -> None:
             json.dumps(NIXL),
             "--profile",
             "llama-3.1-70b-h100-tp4",
-            "--swap-space",
-            "16",
+            "--seed",  # vLLM 0.33 flags the fake does not model (--swap-space and --disable-log-requests
+            "16",  # are gone from 0.33: vLLM, and so the fake, refuses them)
             "--enable-chunked-prefill",
-            "--disable-log-requests",
+            "--enable-log-requests",
         ]
     )
     assert config.model == "meta-llama/Llama-3.1-70B-Instruct"
@@ -55,12 +55,52 @@ def test_vllm_serve_command_line() -> None:
     assert config.kv_lease_s == 30.0
 
 
-def test_unknown_flags_are_ignored_and_remembered() -> None:
+def test_vllm_flags_the_fake_does_not_model_are_ignored_and_remembered() -> None:
     args = build_parser("fake-engine").parse_args(
-        ["fake-engine", "serve", "m", "--enable-chunked-prefill", "--some-future-flag", "--port", "9"]
+        ["fake-engine", "serve", "m", "--enable-chunked-prefill", "--dtype", "bfloat16", "--port", "9"]
     )
-    assert args.port == 9
-    assert args.ignored_vllm_args == ["--enable-chunked-prefill", "--some-future-flag"]
+    assert args.port == 9 and args.words == ["serve", "m"]
+    assert args.ignored_vllm_args == ["--enable-chunked-prefill", "--dtype"]
+
+
+@pytest.mark.parametrize("flag", ["--some-future-flag", "--swap-space", "--disable-log-requests"])
+def test_flags_vllm_does_not_know_are_refused(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser("fake-engine").parse_args(["fake-engine", "serve", "m", flag, "--port", "9"])
+    assert exit_info.value.code == 2
+    assert f"unrecognized arguments: {flag}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"kv_connector": "NixlConnector"}, "kv_role is required"),
+        ({"kv_connector": "NixlConnector", "kv_role": "both"}, "kv_role must be one of kv_producer"),
+        ({**NIXL, "kv_lease_duration": 30}, "unknown KVTransferConfig field"),
+        (
+            {"kv_connector": "MultiConnector", "kv_role": "kv_both",
+             "kv_connector_extra_config": {"connectors": [{**NIXL, "role": "x"}]}},
+            r"connectors\[0\]: unknown KVTransferConfig field\(s\) role",
+        ),
+        ({**NIXL, "kv_load_failure_policy": "retry"}, "kv_load_failure_policy must be one of recompute"),
+    ],
+)  # fmt: skip
+def test_kv_transfer_config_is_checked_as_vllm_checks_it(config: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        config_for(["--kv-transfer-config", json.dumps(config)])
+
+
+def test_nixl_producer_and_consumer_roles() -> None:
+    for role in ("kv_producer", "kv_consumer"):
+        assert config_for(["--kv-transfer-config", json.dumps({**NIXL, "kv_role": role})]).nixl
+
+
+@pytest.mark.parametrize("tier", ["LMCACHE_ENABLE_P2P", "LMCACHE_LOCAL_DISK"])
+def test_p2p_or_disk_without_a_cpu_backend_is_refused(tier: str) -> None:
+    env = {"LMCACHE_MAX_LOCAL_CPU_SIZE": "0", tier: "true" if "P2P" in tier else "file:///tmp/x/"}
+    env["LMCACHE_MAX_LOCAL_DISK_SIZE"] = "4"
+    with pytest.raises(ValueError, match="needs the CPU backend"):
+        config_for(["--kv-transfer-config", json.dumps(LMCACHE)], env)
 
 
 def test_environment_profile_side_channel_and_time_scale() -> None:
@@ -108,7 +148,8 @@ def test_multiconnector_with_lmcache_p2p(tmp_path: Path) -> None:
     )
     assert config.nixl and config.kv_lease_s == 12.0
     assert config.lmcache is not None and config.lmcache.p2p
-    assert config.lmcache.cpu_capacity_chunks == int(2.0e9 / (256 * 128 * 1024))
+    # LMCache counts max_local_cpu_size in GiB per TP rank (local_cpu_backend.py: size * 1024**3)
+    assert config.lmcache.cpu_capacity_chunks == int(2.0 * 1024**3 / (256 * 128 * 1024))
 
 
 @pytest.mark.parametrize(

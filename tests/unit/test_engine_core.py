@@ -311,12 +311,104 @@ def test_pd_sender_pushes_only_disagg_requests_and_receiver_loads_them() -> None
     assert sender.take_pd_pushes() == []  # no disagg_spec: LMCache pushes nothing
     run_virtual(sender, [(0.0, EngineRequest("pd", tokens, 1, disagg=spec))])
     (push,) = sender.take_pd_pushes()
-    assert push.spec == spec and push.tokens == 3000 and len(push.chunk_keys) == 11
+    # 11 whole chunks and the partial tail: PD forces save_unfull_chunk (LMCache config.py _validate_config)
+    assert push.spec == spec and push.tokens == 3000 and len(push.chunk_keys) == 12
 
     cold = run_virtual(EngineCore(H100, "x"), [(0.0, EngineRequest("c", tokens, 1))])["c"].ttft
     assert receiver.pd_offer(0, push.chunk_keys)
     warm = run_virtual(receiver, [(0.0, EngineRequest("d", tokens, 2))])["d"].ttft
-    assert receiver.stats.external_prefix_cache_hits == receiver.stats.pd_loaded_tokens == 11 * 256
+    # the whole prompt was pushed and looked up (skip_last_n_tokens 0); the last token is still computed
+    assert receiver.stats.external_prefix_cache_hits == receiver.stats.pd_loaded_tokens == 2999
     assert warm < cold / 5
     assert receiver.pd_buffer is not None and len(receiver.pd_buffer) == 0  # loaded chunks leave the buffer
     assert receiver.cpu_chunks() == []  # a kv_consumer saves nothing
+
+
+def pd_pair(
+    buffer_chunks: int = 100, *, skip_last: int = 1, prefix_caching: bool = True, max_prefill: int = 0
+) -> tuple[EngineCore, EngineCore]:
+    """An LMCache PD sender and receiver configured as the operator configures them (skip_last_n_tokens 1)."""
+    sender = EngineCore(H100, "p", lmcache=LmcacheSettings(0, load=False, pd_role="sender"))
+    receiver_settings = LmcacheSettings(
+        0,
+        save=False,
+        pd_role="receiver",
+        pd_buffer_chunks=buffer_chunks,
+        skip_last_n_tokens=skip_last,
+        pd_max_prefill_len=max_prefill,
+    )
+    receiver = EngineCore(H100, "d", lmcache=receiver_settings, prefix_caching=prefix_caching)
+    return sender, receiver
+
+
+def push_of(sender: EngineCore, tokens: list[int], req: str) -> tuple[bytes, ...]:
+    spec = DisaggSpec(req, "10.0.0.2", (7300,), (7400,))
+    run_virtual(sender, [(0.0, EngineRequest(req, tokens, 1, disagg=spec))])
+    (push,) = sender.take_pd_pushes()
+    return push.chunk_keys
+
+
+@pytest.mark.parametrize("length", [3000, 3072])
+def test_pd_decode_leg_with_the_original_prompt_leaves_a_chunk_in_the_buffer(length: int) -> None:
+    """skip_last_n_tokens 1 looks up one token less than was pushed: the last pushed chunk never matches and,
+    as LMCache never evicts, stays in the buffer for good (issue 11, defect 1)."""
+    sender, receiver = pd_pair()
+    tokens = prompt(5, length)
+    assert receiver.pd_offer(0, push_of(sender, tokens, "r"))
+    run_virtual(receiver, [(0.0, EngineRequest("d", tokens, 2))])
+    assert receiver.pd_buffer is not None and len(receiver.pd_buffer) == 1
+    assert receiver.stats.pd_loaded_tokens == (length - 1) // 256 * 256
+
+
+def test_pd_decode_leg_with_the_prompt_and_first_token_retrieves_every_pushed_chunk() -> None:
+    """LMCache's own proxy sends the decode engine the prompt's ids plus the first token."""
+    sender, receiver = pd_pair()
+    tokens = prompt(6, 3000)
+    assert receiver.pd_offer(0, push_of(sender, tokens, "r"))
+    run_virtual(receiver, [(0.0, EngineRequest("d", [*tokens, 42], 2))])
+    assert receiver.pd_buffer is not None and len(receiver.pd_buffer) == 0
+    assert receiver.stats.pd_loaded_tokens == 3000  # every prompt token; only the first token is computed
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_pd_chunks_vllm_already_caches_are_not_retrieved(prefix_caching: bool) -> None:
+    """A GPU prefix-cache hit masks the chunks it covers: LMCache does not retrieve them, so they stay."""
+    sender, receiver = pd_pair(prefix_caching=prefix_caching)
+    shared = prompt(7, 1024)
+    first, second = [*shared, *prompt(8, 1000)], [*shared, *prompt(9, 1000)]
+    for name, tokens in (("a", first), ("b", second)):
+        assert receiver.pd_offer(0, push_of(sender, tokens, name))
+        run_virtual(receiver, [(0.0, EngineRequest(name, [*tokens, 42], 2))])
+    assert receiver.pd_buffer is not None
+    # with prefix caching on, the second request found the 4 shared chunks on the GPU and left their copies
+    assert len(receiver.pd_buffer) == (4 if prefix_caching else 0)
+
+
+def test_pd_buffer_refuses_at_once_what_it_can_never_hold_and_checks_max_prefill_at_start() -> None:
+    sender, receiver = pd_pair(buffer_chunks=5)
+    keys = push_of(sender, prompt(10, 3000), "big")
+    assert not receiver.pd_can_ever_hold(len(keys))
+    assert receiver.pd_can_ever_hold(5) and receiver.pd_fits(0, 5) and not receiver.pd_fits(0, 6)
+    with pytest.raises(ValueError, match=r"capacity_tokens=1280 < pd_max_prefill_len=4096"):
+        pd_pair(buffer_chunks=5, max_prefill=4096)
+
+
+def test_pd_buffer_never_evicts_and_frees_one_copy_per_retrieval() -> None:
+    keys = chunk_hashes(prompt(11, 1024))
+    buffer = PdBuffer(capacity_chunks=8)
+    assert buffer.offer(0, keys) and buffer.offer(0, keys)  # two requests, one prompt: two copies
+    assert not buffer.offer(0, keys[:1])  # full: refused, nothing evicted
+    buffer.take(keys)
+    assert all(key in buffer for key in keys) and len(buffer) == 4
+    buffer.take(keys)
+    assert len(buffer) == 0 and buffer.retrieved_chunks == 8
+
+
+def test_failed_kv_load_counts_as_error_finish() -> None:
+    core = EngineCore(H100, "d", nixl=True)
+    remote = RemotePrefill("p", "r", "10.0.0.1", 5600, (1, 2))
+    core.add_request(EngineRequest("r", prompt(12, 512), 4, remote_prefill=remote), 0.0)
+    core.schedule(0.0)
+    (read,) = core.take_remote_reads()
+    assert core.remote_read_done(read.request_id, 0.1, "unreachable") is not None
+    assert core.stats.request_success == {"error": 1}

@@ -1,17 +1,23 @@
 """`inferencepool fake-engine [serve] [MODEL] ...`: run the fake engine with vLLM's own serve flags.
 
-The same pod spec runs the real vLLM image or this one, so vLLM's flags are accepted; those that change the
-timing model (--tensor-parallel-size, --max-model-len, --gpu-memory-utilization, --max-num-batched-tokens,
---max-num-seqs, --block-size, --enable-prefix-caching) are honoured, and unknown ones are ignored. Fake-only
-flags: --profile (or env FAKE_ENGINE_PROFILE), --role, --time-scale (or env FAKE_ENGINE_TIME_SCALE),
---nixl-side-channel-port, --p2p-peer, --drain-timeout, --load-time.
+The same pod spec runs the real vLLM image or this one, so the fake is as strict as `vllm serve` 0.33 where
+the operator depends on it: every vLLM 0.33 flag is accepted (engine_sim/vllm_flags.py, generated from the
+released wheel), a flag vLLM does not know is refused, and --kv-transfer-config is checked as vLLM's
+KVTransferConfig checks it (unknown fields, kv_role). Flags that change the timing model
+(--tensor-parallel-size, --max-model-len, --gpu-memory-utilization, --max-num-batched-tokens, --max-num-seqs,
+--block-size, --[no-]enable-prefix-caching) are honoured, and so is --shutdown-timeout (0, vLLM's default,
+aborts in-flight requests on SIGTERM; N drains requests and held NIXL KV for up to N seconds); the other vLLM
+flags are ignored. Fake-only flags: --profile (or env FAKE_ENGINE_PROFILE), --role, --time-scale (or env
+FAKE_ENGINE_TIME_SCALE), --nixl-side-channel-port, --p2p-peer, --load-time.
 
 P/D disaggregation needs a NIXL connector, as in vLLM: `--kv-transfer-config '{"kv_connector":"NixlConnector",
-"kv_role":"kv_both"}'`; `--role prefill|decode` without a config turns it on too (a shortcut for local runs).
-LMCache PD mode is LMCacheConnectorV1 with kv_role kv_producer / kv_consumer and, in the LMCache settings
-(LMCACHE_CONFIG_FILE, then LMCACHE_<KEY> variables), enable_pd with pd_role sender (pd_proxy_host,
-pd_proxy_port) / receiver (pd_peer_host, else --host; pd_peer_init_port, pd_peer_alloc_port, one per TP rank,
-0 for a free port) and pd_buffer_size in bytes.
+"kv_role":"kv_producer"}'` (kv_consumer on decode; kv_both still works but is deprecated); `--role
+prefill|decode` without a config turns it on too (a shortcut for local runs). LMCache PD mode is
+LMCacheConnectorV1 with kv_role kv_producer / kv_consumer (kv_connector_extra_config discard_partial_chunks,
+skip_last_n_tokens) and, in the LMCache settings (LMCACHE_CONFIG_FILE, then LMCACHE_<KEY> variables),
+enable_pd with pd_role sender (pd_proxy_host, pd_proxy_port) / receiver (pd_peer_host, else --host;
+pd_peer_init_port, pd_peer_alloc_port, one per TP rank, 0 for a free port; pd_buffer_size in bytes per rank,
+pd_allocation_timeout_sec, pd_max_prefill_len). See docs/engine-contract.md.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -27,20 +34,36 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from inferencepool.engine_sim.vllm_flags import KV_TRANSFER_CONFIG_FIELDS, SERVE_FLAGS
+
 if TYPE_CHECKING:
     from inferencepool.engine_sim.profiles import EngineProfile
     from inferencepool.engine_sim.server import PdConfig
 
 NIXL = "NixlConnector"
 LMCACHE = "LMCacheConnectorV1"
-# vLLM flags that take a value and mean nothing to the fake; declared so their values are never mistaken for
-# MODEL.
-_IGNORED_VALUED_FLAGS = (
-    "--dtype", "--swap-space", "--seed", "--download-dir", "--load-format", "--quantization", "--api-key",
-    "--pipeline-parallel-size", "--data-parallel-size", "--uvicorn-log-level", "--chat-template",
-    "--revision",
-    "--distributed-executor-backend", "--max-logprobs", "--kv-cache-dtype", "--compilation-config",
-)  # fmt: skip
+log = logging.getLogger("inferencepool.fake_engine")
+
+# The vLLM flags the fake models are declared in configure; every other flag of vLLM 0.33's `vllm serve` is
+# accepted and ignored, and anything else is refused, as vLLM's own parser refuses it.
+
+
+class _IgnoredVllmFlag(argparse.Action):
+    """A vLLM flag that means nothing to the fake: consumed with its value(s) and remembered."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        ignored = list(getattr(namespace, "ignored_vllm_args", None) or [])
+        ignored.append(str(option_string))
+        namespace.ignored_vllm_args = ignored
+
+
+_NARGS: dict[str, int | str | None] = {"bool": 0, "switch": 0, "value": None, "values": "+", "optional": "?"}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -58,6 +81,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--kv-transfer-config", default=None, help="vLLM KVTransferConfig as JSON")
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=int,
+        default=0,
+        help="as vLLM: seconds to drain in-flight requests and held NIXL KV on SIGTERM; 0 (default) aborts",
+    )
     parser.add_argument(
         "--profile",
         default=None,
@@ -83,25 +112,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="side channel host:port of an LMCache p2p peer (repeatable; env FAKE_ENGINE_P2P_PEERS)",
     )
     parser.add_argument(
-        "--drain-timeout", type=float, default=30.0, help="seconds to finish streams on SIGTERM"
-    )
-    parser.add_argument(
         "--load-time", type=float, default=0.0, help="seconds before listening (model loading)"
     )
     parser.add_argument("--log-level", default="INFO")
-    for flag in _IGNORED_VALUED_FLAGS:
-        parser.add_argument(flag, default=None, help=argparse.SUPPRESS)
-
-    # vLLM's serve has hundreds of flags; the fake ignores the ones it does not know instead of failing the
-    # pod.
-    original = parser.parse_known_args
-
-    def parse_known_args(args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
-        parsed, unknown = original(args, namespace)
-        parsed.ignored_vllm_args = [*getattr(parsed, "ignored_vllm_args", []), *unknown]
-        return parsed, []
-
-    parser.parse_known_args = parse_known_args  # type: ignore[method-assign,assignment]
+    parser.set_defaults(ignored_vllm_args=[])
+    declared = {option for action in parser._actions for option in action.option_strings}
+    for option, kind in SERVE_FLAGS.items():
+        if option not in declared:
+            parser.add_argument(
+                option, nargs=_NARGS[kind], action=_IgnoredVllmFlag, default=None, help=argparse.SUPPRESS
+            )
 
 
 def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Any:
@@ -129,21 +149,17 @@ def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None
     model = words[0] if words else (args.model or profile.model.name)
     served = args.served_model_name or [model]
 
-    kv_config: dict[str, Any] = {}
-    if args.kv_transfer_config:
-        try:
-            kv_config = json.loads(args.kv_transfer_config)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--kv-transfer-config is not valid JSON: {exc}") from None
-        if not isinstance(kv_config, dict):
-            raise ValueError("--kv-transfer-config must be a JSON object")
+    kv_config = _kv_transfer_config(args.kv_transfer_config)
     connectors = _connectors(kv_config)
     nixl_config = next((c for c in connectors if c.get("kv_connector") == NIXL), None)
     nixl = nixl_config is not None or args.role in ("prefill", "decode")
+    if nixl_config is not None and nixl_config.get("kv_role") == "kv_both":
+        log.warning(
+            "Using kv_role='kv_both' with NixlConnector is deprecated (vLLM 0.33): set kv_producer for "
+            "prefill instances and kv_consumer for decode instances"
+        )
     lease = float(((nixl_config or {}).get("kv_connector_extra_config") or {}).get("kv_lease_duration", 30))
     failure_policy = (nixl_config or kv_config).get("kv_load_failure_policy", "fail")
-    if failure_policy not in ("fail", "recompute"):
-        raise ValueError(f'kv_load_failure_policy must be "fail" or "recompute", got {failure_policy!r}')
 
     chunk_tokens = 256
     lmcache = None
@@ -157,12 +173,12 @@ def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None
             if _truthy(settings.get("local_cpu", True))
             else 0.0
         )
-        cpu_chunks = int(cpu_gb * 1e9 / (chunk_tokens * profile.model.kv_bytes_per_token))
-        kv_role = lmcache_config.get("kv_role", "kv_both")
-        if kv_role not in ("kv_both", "kv_producer", "kv_consumer"):
-            raise ValueError(
-                f"LMCacheConnectorV1 kv_role must be kv_both, kv_producer or kv_consumer, got {kv_role!r}"
-            )
+        _check_cpu_backend(settings, cpu_gb)
+        # LMCache sizes its CPU tier per TP rank (max_local_cpu_size GiB), a rank holding its shard of a chunk
+        chunk_bytes_per_rank = chunk_tokens * profile.model.kv_bytes_per_token / profile.tensor_parallel
+        cpu_chunks = int(cpu_gb * 1024**3 / chunk_bytes_per_rank)
+        kv_role = lmcache_config["kv_role"]
+        extra = lmcache_config.get("kv_connector_extra_config") or {}
         pd = (
             _pd_config(settings, args.host, profile, chunk_tokens)
             if _truthy(settings.get("enable_pd"))
@@ -180,6 +196,9 @@ def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None
             save=kv_role != "kv_consumer",  # nor saves from a consumer
             pd_role=pd[0].role if pd else None,
             pd_buffer_chunks=pd[1] if pd else 0,
+            discard_partial_chunks=_truthy(extra.get("discard_partial_chunks", False)),
+            skip_last_n_tokens=_int_setting("skip_last_n_tokens", extra.get("skip_last_n_tokens", 0)),
+            pd_max_prefill_len=_int_setting("pd_max_prefill_len", settings.get("pd_max_prefill_len", 0)),
         )
 
     side_host = env.get("VLLM_NIXL_SIDE_CHANNEL_HOST") or (
@@ -246,8 +265,74 @@ def _pd_config(
     chunk_bytes_per_rank = chunk_tokens * profile.model.kv_bytes_per_token / tp
     buffer_chunks = int(_int_setting("pd_buffer_size", buffer_bytes) // chunk_bytes_per_rank)
     peer_host = settings.get("pd_peer_host") or (host if host not in ("0.0.0.0", "::", "") else "127.0.0.1")
-    config = PdConfig(role=role, peer_host=str(peer_host), init_ports=init_ports, alloc_ports=alloc_ports)
+    timeout = settings.get("pd_allocation_timeout_sec", math.inf)
+    try:
+        allocation_timeout_s = float(timeout)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"LMCache settings: pd_allocation_timeout_sec must be a number, got {timeout!r}"
+        ) from None
+    config = PdConfig(
+        role=role,
+        peer_host=str(peer_host),
+        init_ports=init_ports,
+        alloc_ports=alloc_ports,
+        allocation_timeout_s=allocation_timeout_s,
+    )
     return config, buffer_chunks
+
+
+def _kv_transfer_config(raw: str | None) -> dict[str, Any]:
+    """--kv-transfer-config checked as vLLM's KVTransferConfig checks it (MultiConnector's children too)."""
+    if not raw:
+        return {}
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--kv-transfer-config is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValueError("--kv-transfer-config must be a JSON object")
+    _check_kv_transfer_fields(config, "--kv-transfer-config")
+    if config.get("kv_connector") == "MultiConnector":
+        children = (config.get("kv_connector_extra_config") or {}).get("connectors")
+        if not isinstance(children, list) or not children:
+            raise ValueError(
+                "--kv-transfer-config: MultiConnector needs kv_connector_extra_config.connectors"
+            )
+        for index, child in enumerate(children):
+            if not isinstance(child, dict):
+                raise ValueError(f"--kv-transfer-config: connectors[{index}] must be an object")
+            _check_kv_transfer_fields(child, f"--kv-transfer-config connectors[{index}]")
+    return config
+
+
+def _check_kv_transfer_fields(config: dict[str, Any], where: str) -> None:
+    # vLLM's @config dataclasses forbid extra fields (vllm/config/utils.py config)
+    unknown = sorted(set(config) - set(KV_TRANSFER_CONFIG_FIELDS))
+    if unknown:
+        raise ValueError(f"{where}: unknown KVTransferConfig field(s) {', '.join(unknown)}")
+    for name, allowed in KV_TRANSFER_CONFIG_FIELDS.items():
+        if allowed is not None and name in config and config[name] not in allowed:
+            choices = ", ".join(dict.fromkeys(allowed))
+            raise ValueError(f"{where}: {name} must be one of {choices}, got {config[name]!r}")
+    if config.get("kv_connector") is not None and config.get("kv_role") is None:
+        raise ValueError(f"{where}: kv_role is required when kv_connector is set (KVTransferConfig)")
+
+
+def _check_cpu_backend(settings: dict[str, Any], cpu_gb: float) -> None:
+    """LMCache asserts at start-up when p2p or the disk tier has no CPU backend to stage through
+    (lmcache/v1/storage_backend/__init__.py CreateStorageBackends)."""
+    if cpu_gb > 0:
+        return
+    if _truthy(settings.get("enable_p2p", False)):
+        raise ValueError(
+            "LMCache settings: enable_p2p needs the CPU backend (local_cpu and max_local_cpu_size > 0)"
+        )
+    disk = settings.get("local_disk")
+    if disk and float(settings.get("max_local_disk_size", 0) or 0) > 0:
+        raise ValueError(
+            "LMCache settings: local_disk needs the CPU backend (local_cpu and max_local_cpu_size > 0)"
+        )
 
 
 def _int_setting(key: str, value: object) -> int:
@@ -302,8 +387,9 @@ def _lmcache_settings(env: dict[str, str]) -> dict[str, Any]:
 
 
 _ENV_KEYS = (
-    "chunk_size", "local_cpu", "max_local_cpu_size", "enable_p2p", "enable_pd", "pd_role", "pd_buffer_size",
-    "pd_peer_host", "pd_peer_init_port", "pd_peer_alloc_port", "pd_proxy_host", "pd_proxy_port",
+    "chunk_size", "local_cpu", "max_local_cpu_size", "local_disk", "max_local_disk_size", "enable_p2p",
+    "enable_pd", "pd_role", "pd_buffer_size", "pd_peer_host", "pd_peer_init_port", "pd_peer_alloc_port",
+    "pd_proxy_host", "pd_proxy_port", "pd_allocation_timeout_sec", "pd_max_prefill_len",
 )  # fmt: skip
 
 
@@ -335,10 +421,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.ignored_vllm_args:
         log.info("ignoring vLLM flags the fake engine does not model: %s", " ".join(args.ignored_vllm_args))
-    return asyncio.run(_serve(config, args.drain_timeout, args.load_time))
+    return asyncio.run(_serve(config, args.shutdown_timeout, args.load_time))
 
 
-async def _serve(config: Any, drain_timeout: float, load_time: float) -> int:
+async def _serve(config: Any, shutdown_timeout: int, load_time: float) -> int:
     from inferencepool.engine_sim.server import FakeEngine
 
     log = logging.getLogger("inferencepool.fake_engine")
@@ -357,9 +443,11 @@ async def _serve(config: Any, drain_timeout: float, load_time: float) -> int:
     await engine.start()
     print(f"fake engine listening on {config.host}:{engine.port}", flush=True)
     await stop.wait()
-    log.info("shutting down: draining in-flight requests (up to %.0f s)", drain_timeout)
-    drained = await engine.drain(drain_timeout)
+    # vLLM: --shutdown-timeout 0 aborts whatever is in flight; N > 0 drains requests and held NIXL KV for N s
+    mode = "abort" if shutdown_timeout == 0 else "drain"
+    log.info("[shutdown] mode=%s timeout=%ds", mode, shutdown_timeout)
+    drained = await engine.drain(shutdown_timeout * config.time_scale)
     if not drained:
-        log.warning("drain timeout: aborting requests still in flight")
+        log.warning("shutdown timeout: aborting requests and KV holds still in flight")
     await engine.stop()
     return 0

@@ -29,11 +29,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from inferencepool.engine_sim import timing
-from inferencepool.engine_sim.kv import BlockPool, LruChunkStore, PdBuffer, SharedPrefixIndex, chunk_hashes
+from inferencepool.engine_sim.kv import (
+    BlockPool,
+    LruChunkStore,
+    PdBuffer,
+    SharedPrefixIndex,
+    chunk_hashes,
+    lmcache_chunk_keys,
+)
 from inferencepool.engine_sim.profiles import EngineProfile
 
 FINISH_LENGTH = "length"
 FINISH_STOP = "stop"
+FINISH_ABORT = "abort"
+FINISH_ERROR = (
+    "error"  # vLLM's FinishReason.ERROR, e.g. a KV load failure under kv_load_failure_policy "fail"
+)
+# vllm/v1/engine/__init__.py FinishReason, the finished_reason label values of vllm:request_success
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 
 
 @dataclass(frozen=True)
@@ -119,8 +132,8 @@ class PdPush:
 
     request_id: str
     spec: DisaggSpec
-    chunk_keys: tuple[bytes, ...]
-    tokens: int  # every prompt token is sent, the partial last chunk too (discard_partial_chunks false)
+    chunk_keys: tuple[bytes, ...]  # the partial last chunk's key too, unless discard_partial_chunks
+    tokens: int  # prompt tokens sent: all of them, unless discard_partial_chunks drops the partial chunk
 
 
 @dataclass(frozen=True)
@@ -209,10 +222,19 @@ class LmcacheSettings:
     save: bool = True  # kv_consumer: LMCache skips every save on a decode engine
     pd_role: str | None = None  # "sender" or "receiver" in LMCache PD mode (enable_pd)
     pd_buffer_chunks: int = 0  # receiver: chunks its PD buffer (pd_buffer_size per TP rank) holds
+    # sender (kv_connector_extra_config): push only whole chunks. LMCache's default (False) with PD's forced
+    # save_unfull_chunk pushes the partial last chunk too (vllm_v1_adapter.py _init_connector_state).
+    discard_partial_chunks: bool = False
+    # receiver (kv_connector_extra_config): LMCache looks the request's tokens up without the last n
+    skip_last_n_tokens: int = 0
+    # receiver: LMCache refuses to start when its PD buffer holds fewer tokens (pd_backend_async.py)
+    pd_max_prefill_len: int = 0
 
     def __post_init__(self) -> None:
         if self.pd_role not in (None, "sender", "receiver"):
             raise ValueError(f'pd_role must be "sender" or "receiver", got {self.pd_role!r}')
+        if self.skip_last_n_tokens < 0:
+            raise ValueError(f"skip_last_n_tokens must be >= 0, got {self.skip_last_n_tokens}")
 
 
 class EngineCore:
@@ -249,6 +271,14 @@ class EngineCore:
             if lmcache is not None and lmcache.pd_role == "receiver"
             else None
         )
+        if self.pd_buffer is not None and lmcache is not None and lmcache.pd_max_prefill_len > 0:
+            capacity_tokens = self.pd_buffer.capacity_chunks * chunk_tokens
+            if capacity_tokens < lmcache.pd_max_prefill_len:
+                raise ValueError(
+                    f"PD buffer too small for the configured pd_max_prefill_len: capacity_tokens="
+                    f"{capacity_tokens} < pd_max_prefill_len={lmcache.pd_max_prefill_len}. Increase "
+                    "pd_buffer_size so that the buffer holds at least pd_max_prefill_len tokens."
+                )
         self._pushes: list[PdPush] = []
         self.stats = EngineStats()
         self._waiting: deque[_Seq] = deque()
@@ -301,7 +331,7 @@ class EngineCore:
             self._holds.pop(request_id, None)
             self._free(seq)
         if seq.state is not _State.HELD:  # a held prefill leg already counted as finished
-            self.stats.request_success["abort"] = self.stats.request_success.get("abort", 0) + 1
+            self._count_finish(FINISH_ABORT)
         seq.state = _State.DONE
         return True
 
@@ -316,15 +346,26 @@ class EngineCore:
     def pd_offer(self, rank: int, chunk_keys: Sequence[bytes]) -> bool:
         """A sender's TP rank asks this receiver to take chunks (LMCache's AllocRequest); all or nothing.
 
-        False when they do not fit in the PD buffer: LMCache's receiver then answers -1 and the sender aborts
-        the request without notifying the router.
+        False when they do not fit in the PD buffer now: LMCache's receiver then answers -1 and the sender
+        aborts the request without notifying the router. The driver decides how long to wait for room first
+        (`pd_fits`, pd_allocation_timeout_sec); a push that can never fit (`pd_can_ever_hold`) fails at once.
         """
-        if self.pd_buffer is None:
-            raise LookupError("this engine is not an LMCache PD receiver")
-        accepted = self.pd_buffer.offer(rank, chunk_keys)
+        buffer = self._pd_receiver_buffer()
+        accepted = buffer.offer(rank, chunk_keys)
         if not accepted:
             self.stats.pd_rejected_chunks += len(chunk_keys)
         return accepted
+
+    def pd_fits(self, rank: int, chunks: int) -> bool:
+        return self._pd_receiver_buffer().fits(rank, chunks)
+
+    def pd_can_ever_hold(self, chunks: int) -> bool:
+        return self._pd_receiver_buffer().can_ever_hold(chunks)
+
+    def _pd_receiver_buffer(self) -> PdBuffer:
+        if self.pd_buffer is None:
+            raise LookupError("this engine is not an LMCache PD receiver")
+        return self.pd_buffer
 
     def remote_read_done(
         self, request_id: str, now: float, error: str | None = None, transfer_seconds: float | None = None
@@ -354,6 +395,7 @@ class EngineCore:
             seq.state = _State.DONE
             del self._by_id[request_id]
             self.stats.requests_failed += 1
+            self._count_finish(FINISH_ERROR)
             return RequestFailed(request_id, now, error)
         if transfer_seconds is None:
             transfer_seconds = timing.nixl_transfer_time(self.profile, seq.external_tokens)
@@ -514,13 +556,23 @@ class EngineCore:
         spec = seq.request.disagg
         if spec is None or self.lmcache is None or self.lmcache.pd_role != "sender":
             return  # LMCache pushes nothing without a disagg_spec
-        self._pushes.append(PdPush(seq.request.request_id, spec, tuple(seq.hashes), seq.prompt_len))
+        if self.lmcache.discard_partial_chunks:
+            keys, tokens = list(seq.hashes), len(seq.hashes) * self.pool.chunk_tokens
+        else:
+            keys, tokens = (
+                lmcache_chunk_keys(seq.request.prompt_token_ids, self.pool.chunk_tokens),
+                seq.prompt_len,
+            )
+        self._pushes.append(PdPush(seq.request.request_id, spec, tuple(keys), tokens))
+
+    def _count_finish(self, reason: str) -> None:
+        self.stats.request_success[reason] = self.stats.request_success.get(reason, 0) + 1
 
     def _finish(self, seq: _Seq, now: float, index: int) -> TokenEvent:
         request = seq.request
         self._running.remove(seq)
         reason = request.finish_reason
-        self.stats.request_success[reason] = self.stats.request_success.get(reason, 0) + 1
+        self._count_finish(reason)
         if request.remote_decode and self.nixl and reason == FINISH_LENGTH:
             blocks = len(seq.chunk_keys) * self.pool.blocks_per_chunk + seq.private_blocks
             hold = KvHold(
@@ -599,18 +651,17 @@ class EngineCore:
             self._reads.append(RemoteRead(seq.request.request_id, remote, seq.external_tokens))
             return StepEntry(seq, 0, 0)
 
-        pd_chunks = self._pd_prefix(lookup, gpu_chunks)
-        pd_tokens = pd_chunks * self.pool.chunk_tokens
-        cpu_tokens, peer_tokens = self._external_prefix(lookup, gpu_chunks + pd_chunks)
+        pd_keys, pd_tokens = self._pd_hit(seq, gpu_tokens)
+        cpu_tokens, peer_tokens = (0, 0) if pd_keys else self._external_prefix(lookup, gpu_chunks)
         computed = gpu_tokens + pd_tokens + cpu_tokens + peer_tokens
         new = min(seq.total_tokens - computed, budget)
         need = self._blocks_needed(seq, computed + new)
         if not self.pool.allocate(need):
             self._undo_admission(seq)
             return None
-        if self.pd_buffer is not None and pd_chunks:
-            # LMCache's PD backend frees a pushed chunk once it has been loaded
-            self.pd_buffer.take(lookup[gpu_chunks : gpu_chunks + pd_chunks])
+        if self.pd_buffer is not None and pd_keys:
+            # LMCache's PD backend frees a pushed chunk once it has been retrieved, and only then
+            self.pd_buffer.take(pd_keys)
             self.stats.pd_loaded_tokens += pd_tokens
         seq.private_blocks = need
         seq.num_computed = computed
@@ -635,16 +686,30 @@ class EngineCore:
             self.stats.external_prefix_cache_queries += seq.prompt_len - gpu_hit_tokens
             self.stats.external_prefix_cache_hits += external_hit_tokens
 
-    def _pd_prefix(self, lookup: Sequence[bytes], start: int) -> int:
-        """LMCache PD receiver: leading chunks after the GPU hit that a sender pushed (by chunk hash)."""
+    def _pd_hit(self, seq: _Seq, gpu_tokens: int) -> tuple[list[bytes], int]:
+        """LMCache PD receiver: the pushed chunks this request retrieves, and the prompt tokens they add.
+
+        As LMCache does (vllm_v1_adapter.py get_num_new_matched_tokens, then the retrieve): look up the
+        request's tokens without the last skip_last_n_tokens, keys with the partial tail included; the hit is
+        the leading run of keys the buffer holds; chunks inside what vLLM's own prefix cache already computed
+        are masked and so not retrieved (they stay in the buffer); a hit covering every token still leaves the
+        last one to compute.
+        """
         if self.pd_buffer is None or self.lmcache is None or not self.lmcache.load:
-            return 0
-        count = 0
-        for key in lookup[start:]:
-            if key not in self.pd_buffer:
-                break
-            count += 1
-        return count
+            return [], 0
+        tokens = list(seq.request.prompt_token_ids)
+        if self.lmcache.skip_last_n_tokens:
+            tokens = tokens[: -self.lmcache.skip_last_n_tokens]
+        chunk = self.pool.chunk_tokens
+        keys = lmcache_chunk_keys(tokens, chunk)
+        hit = 0
+        while hit < len(keys) and keys[hit] in self.pd_buffer:
+            hit += 1
+        hit_tokens = min(hit * chunk, len(tokens), seq.prompt_len - 1)
+        masked = gpu_tokens // chunk
+        if hit_tokens <= gpu_tokens:
+            return [], 0
+        return keys[masked:hit], hit_tokens - gpu_tokens
 
     def _external_prefix(self, lookup: Sequence[bytes], start: int) -> tuple[int, int]:
         """LMCache: tokens after the GPU hit found in this engine's CPU tier, then at a peer (p2p)."""

@@ -10,7 +10,7 @@ blocks (vLLM's free-block queue).
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -35,6 +35,20 @@ def chunk_hashes(
         previous = digest.digest()
         hashes.append(previous)
     return hashes
+
+
+def lmcache_chunk_keys(token_ids: Sequence[int], chunk_tokens: int = CHUNK_TOKENS) -> list[bytes]:
+    """LMCache's keys for a token sequence with its partial last chunk: the full chunks' keys (as
+    `chunk_hashes`), then, when the length is not a multiple of the chunk size, one key for the tail, which
+    matches only a sequence of exactly that length under the same prefix (LMCache's prefix hash covers the
+    tokens up to the chunk's end, token_database.py)."""
+    keys = chunk_hashes(token_ids, chunk_tokens)
+    tail = len(token_ids) % chunk_tokens
+    if tail:
+        digest = hashlib.blake2b(keys[-1] if keys else b"", digest_size=16)
+        digest.update(b"tail:" + b",".join(str(t).encode() for t in token_ids[len(token_ids) - tail :]))
+        keys.append(digest.digest())
+    return keys
 
 
 @dataclass
@@ -192,13 +206,15 @@ class LruChunkStore:
 
 
 class PdBuffer:
-    """An LMCache PD receiver's buffer: chunks pushed by senders, waiting for the request that loads them.
+    """An LMCache PD receiver's buffers: pushed chunks, waiting for the request that retrieves them.
 
-    Every TP rank pushes its own shard of each chunk to its own port; a chunk is loadable once all ranks
-    delivered it. Capacity is in chunks (pd_buffer_size holds the same number of shards on every rank). A push
-    that does not fit is refused whole, as LMCache's async receiver answers -1 and the sender aborts (it
-    would first wait up to pd_allocation_timeout_sec for room; the fake does not). A chunk leaves the buffer
-    when a request loads it.
+    Every TP rank has its own buffer of pd_buffer_size bytes and its sender rank pushes its own shard of each
+    chunk there; a chunk is loadable once every rank holds it. Capacity is in chunks per rank. As LMCache's
+    async receiver does (pd_backend_async.py, PDBackend's allocation handler), a push reserves all of its
+    chunks at once: one that can never fit is refused at once, one that does not fit now waits (the driver
+    waits up to pd_allocation_timeout_sec, see `fits`). Nothing is ever evicted: a chunk leaves the buffer
+    only when a request retrieves it (`take`). The same chunk pushed twice (two requests with one prefix)
+    occupies two slots and needs two retrievals.
     """
 
     def __init__(self, capacity_chunks: int, ranks: int = 1) -> None:
@@ -206,27 +222,51 @@ class PdBuffer:
             raise ValueError("ranks must be >= 1")
         self.capacity_chunks = capacity_chunks
         self.ranks = ranks
-        self._shards: OrderedDict[bytes, set[int]] = OrderedDict()
+        self._copies: list[Counter[bytes]] = [Counter() for _ in range(ranks)]
+        self._used = [0] * ranks
+        self.retrieved_chunks = 0  # chunks freed by retrieval, over the buffer's life
 
-    def offer(self, rank: int, keys: Sequence[bytes]) -> bool:
+    def _check_rank(self, rank: int) -> None:
         if not 0 <= rank < self.ranks:
             raise ValueError(f"rank {rank} outside 0..{self.ranks - 1}")
-        new = [k for k in dict.fromkeys(keys) if k not in self._shards]
-        if len(self._shards) + len(new) > self.capacity_chunks:
+
+    def can_ever_hold(self, chunks: int) -> bool:
+        return chunks <= self.capacity_chunks
+
+    def fits(self, rank: int, chunks: int) -> bool:
+        self._check_rank(rank)
+        return self._used[rank] + chunks <= self.capacity_chunks
+
+    def offer(self, rank: int, keys: Sequence[bytes]) -> bool:
+        """Reserve and fill one slot per key on `rank`; all or nothing."""
+        if not self.fits(rank, len(keys)):
             return False
         for key in keys:
-            self._shards.setdefault(key, set()).add(rank)
+            self._copies[rank][key] += 1
+        self._used[rank] += len(keys)
         return True
 
     def __contains__(self, key: bytes) -> bool:
-        return len(self._shards.get(key, ())) == self.ranks
+        return all(copies[key] > 0 for copies in self._copies)
 
     def take(self, keys: Iterable[bytes]) -> None:
+        """A request retrieved these chunks: one slot of each is freed on every rank."""
         for key in keys:
-            self._shards.pop(key, None)
+            for rank, copies in enumerate(self._copies):
+                if copies[key] > 0:
+                    copies[key] -= 1
+                    if copies[key] == 0:
+                        del copies[key]
+                    self._used[rank] -= 1
+            self.retrieved_chunks += 1
+
+    @property
+    def used_chunks(self) -> int:
+        """Slots in use on the fullest rank."""
+        return max(self._used)
 
     def __len__(self) -> int:
-        return len(self._shards)
+        return self.used_chunks
 
 
 class SharedPrefixIndex:

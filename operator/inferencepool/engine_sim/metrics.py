@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from inferencepool.engine_sim.core import EngineCore
+from inferencepool.engine_sim.core import FINISH_REASONS, EngineCore
 
 LABELS = ("model_name", "engine")
 TTFT_BUCKETS = (
@@ -70,7 +70,7 @@ class _CoreCollector(Collector):
             "Count of successfully processed requests.",
             labels=[*LABELS, "finished_reason"],
         )
-        for reason in ("stop", "length", "abort"):
+        for reason in FINISH_REASONS:
             success.add_metric([*values, reason], stats.request_success.get(reason, 0))
         yield success
         if core.lmcache is not None and core.lmcache.pd_role is not None:
@@ -93,6 +93,27 @@ class _CoreCollector(Collector):
             counter = CounterMetricFamily(name, doc, labels=LABELS)
             counter.add_metric(self._labels, value)
             yield counter
+        buffer = self._core.pd_buffer
+        if buffer is None:
+            return
+        gauges = (
+            ("fake_engine:lmcache_pd_buffer_used_chunks",
+             "PD receiver: chunk slots in use on the fullest TP rank (freed only when retrieved).",
+             buffer.used_chunks),
+            ("fake_engine:lmcache_pd_buffer_capacity_chunks", "PD receiver: chunk slots per TP rank.",
+             buffer.capacity_chunks),
+        )  # fmt: skip
+        for name, doc, value in gauges:
+            gauge = GaugeMetricFamily(name, doc, labels=LABELS)
+            gauge.add_metric(self._labels, value)
+            yield gauge
+        retrieved = CounterMetricFamily(
+            "fake_engine:lmcache_pd_retrieved_chunks",
+            "PD receiver: chunks retrieved by requests (and so freed).",
+            labels=LABELS,
+        )
+        retrieved.add_metric(self._labels, buffer.retrieved_chunks)
+        yield retrieved
 
 
 class EngineMetrics:

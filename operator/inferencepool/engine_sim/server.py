@@ -29,6 +29,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -75,7 +76,9 @@ class PdConfig:
     alloc_ports: tuple[int, ...] = (0,)  # receiver: pd_peer_alloc_port
     proxy_host: str | None = None  # sender: pd_proxy_host, the router
     proxy_port: int | None = None  # sender: pd_proxy_port
-    push_timeout_s: float = 5.0  # sender: how long one rank waits for the receiver's answer
+    push_timeout_s: float = 5.0  # sender: connect/handshake timeout of one rank (allocation waits longer)
+    # receiver: how long an allocation waits for room in the PD buffer (LMCache's default: forever)
+    allocation_timeout_s: float = math.inf
 
     def __post_init__(self) -> None:
         if self.role == "sender" and (self.proxy_host is None or self.proxy_port is None):
@@ -168,6 +171,7 @@ class FakeEngine:
         self._pd_context: Any = None
         self._pd_sockets: list[Any] = []
         self._pd_peers: set[tuple[str, int]] = set()
+        self._pd_freed = asyncio.Event()  # set when requests retrieved chunks from the PD buffer
 
     # ----- lifecycle -----
 
@@ -272,14 +276,19 @@ class FakeEngine:
         log.info("LMCache PD sender: ProxyNotif to %s:%s", pd.proxy_host, pd.proxy_port)
 
     async def drain(self, timeout_s: float) -> bool:
-        """Stop accepting requests and wait (bounded) for in-flight ones; True when all finished."""
+        """Stop accepting requests and wait (bounded) for in-flight ones and for the KV this engine holds for
+        remote decodes (read, or released when its lease expires), as vLLM drains with --shutdown-timeout;
+        True when nothing was left. The NIXL side channel keeps answering meanwhile."""
         self._draining = True
         if self._api_site is not None:
             await self._api_site.stop()  # closes the listening socket; open connections keep streaming
         deadline = time.monotonic() + timeout_s
-        while self._streams and time.monotonic() < deadline:
+        while self._busy() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        return not self._streams
+        return not self._busy()
+
+    def _busy(self) -> bool:
+        return bool(self._streams) or self.core.num_held > 0
 
     async def stop(self) -> None:
         self._draining = True
@@ -321,8 +330,11 @@ class FakeEngine:
                 else:
                     # the process did not get the CPU in time: modelled time slips, and we say how much
                     self.metrics.schedule_lag.inc(behind * scale)
+            retrieved = self.core.pd_buffer.retrieved_chunks if self.core.pd_buffer is not None else 0
             step = self.core.schedule(now)
             self._start_reads()  # admissions may have asked for KV reads from prefill engines
+            if self.core.pd_buffer is not None and self.core.pd_buffer.retrieved_chunks != retrieved:
+                self._pd_freed.set()  # allocations waiting for room look again
             if step is None:
                 previous_end = None
                 wake = self.core.next_wakeup()
@@ -412,8 +424,10 @@ class FakeEngine:
                     response.raise_for_status()
                 self._pd_peers.add((spec.receiver_host, init_port))
             payload = {"req_id": spec.req_id, "keys": [key.hex() for key in push.chunk_keys]}
+            # the receiver may hold the allocation until its buffer has room (pd_allocation_timeout_sec)
+            waiting = ClientTimeout(total=None, sock_connect=self.config.pd.push_timeout_s)
             async with self._session.post(
-                f"http://{host}:{alloc_port}/lmcache/pd/alloc", json=payload, timeout=timeout
+                f"http://{host}:{alloc_port}/lmcache/pd/alloc", json=payload, timeout=waiting
             ) as response:
                 response.raise_for_status()
                 answer = await response.json()
@@ -493,15 +507,40 @@ class FakeEngine:
             return _json(exc.body(), exc.status)
         except (KeyError, TypeError, ValueError) as exc:
             return _json(protocol.error_body(400, "BadRequestError", f"malformed alloc request: {exc}"), 400)
-        if self.core.pd_offer(rank, keys):
-            return _json({"accepted": True})
-        assert self.core.pd_buffer is not None
-        reason = (
-            f"PD buffer full: {len(keys)} chunks do not fit beside {len(self.core.pd_buffer)} of "
-            f"{self.core.pd_buffer.capacity_chunks}"
-        )
+        assert self.config.pd is not None and self.core.pd_buffer is not None
+        buffer = self.core.pd_buffer
+        if not self.core.pd_can_ever_hold(len(keys)):
+            # LMCache fails such a request at once instead of waiting for room that can never come
+            reason = (
+                f"PD receiver buffer too small: the request needs {len(keys)} chunks but the buffer holds "
+                f"only {buffer.capacity_chunks} chunks"
+            )
+        else:
+            await self._wait_for_pd_room(rank, len(keys), self.config.pd.allocation_timeout_s)
+            if self.core.pd_offer(rank, keys):
+                return _json({"accepted": True})
+            reason = (
+                f"PD buffer full: {len(keys)} chunks do not fit beside {buffer.used_chunks} of "
+                f"{buffer.capacity_chunks} within pd_allocation_timeout_sec"
+            )
+            return self._pd_refuse(body, reason)
+        self.core.stats.pd_rejected_chunks += len(keys)
+        return self._pd_refuse(body, reason)
+
+    def _pd_refuse(self, body: dict[str, Any], reason: str) -> web.Response:
         log.warning("LMCache PD receiver refused request %s: %s", body.get("req_id"), reason)
         return _json({"accepted": False, "reason": reason})
+
+    async def _wait_for_pd_room(self, rank: int, chunks: int, timeout_s: float) -> None:
+        """LMCache's reservation admission: wait, up to pd_allocation_timeout_sec, until the chunks fit."""
+        deadline = time.monotonic() + timeout_s * self.config.time_scale
+        while not self.core.pd_fits(rank, chunks):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._pd_freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._pd_freed.wait(), None if math.isinf(remaining) else remaining)
 
     async def _handle_lmcache_chunks(self, request: web.Request) -> web.Response:
         return _json(
