@@ -66,6 +66,7 @@ MAX_ENV_VALUE_LENGTH: Final = 4096
 MAX_EXTRA_ENV_TOTAL: Final = 16384
 MAX_NODE_SELECTOR_ENTRIES: Final = 32
 MAX_TOLERATIONS: Final = 32
+MAX_SECURITY_CONTEXT_FIELDS: Final = 16
 MAX_REPLICAS: Final = 512
 MAX_ROUTER_REPLICAS: Final = 64
 MAX_GPUS_PER_REPLICA: Final = 64
@@ -405,6 +406,22 @@ class PoolSpec(SpecModel):
         default_factory=dict,
         description="Engine container resources (ResourceRequirements); GPUs come from gpusPerReplica.",
     )
+    pod_security_context: dict[str, Any] = Field(
+        default_factory=dict,
+        max_length=MAX_SECURITY_CONTEXT_FIELDS,
+        description=(
+            "Engine pod securityContext (a Kubernetes PodSecurityContext), merged over the operator's "
+            "(seccompProfile RuntimeDefault), e.g. fsGroup for the model cache."
+        ),
+    )
+    security_context: dict[str, Any] = Field(
+        default_factory=dict,
+        max_length=MAX_SECURITY_CONTEXT_FIELDS,
+        description=(
+            "Engine container securityContext (a Kubernetes SecurityContext), merged over the operator's "
+            "(allowPrivilegeEscalation false, capabilities drop ALL); RDMA: capabilities: {add: [IPC_LOCK]}."
+        ),
+    )
     scheduling: Scheduling = Field(
         default_factory=Scheduling, description="Node selection for the pool's pods."
     )
@@ -538,6 +555,22 @@ class RouterSpec(SpecModel):
     )
     resources: dict[str, Any] = Field(
         default_factory=dict, description="Router container resources (Kubernetes ResourceRequirements)."
+    )
+    pod_security_context: dict[str, Any] = Field(
+        default_factory=dict,
+        max_length=MAX_SECURITY_CONTEXT_FIELDS,
+        description=(
+            "Router pod securityContext (a Kubernetes PodSecurityContext), merged over the operator's, which "
+            "meets Pod Security restricted (runAsNonRoot, runAsUser 10001, seccompProfile RuntimeDefault)."
+        ),
+    )
+    security_context: dict[str, Any] = Field(
+        default_factory=dict,
+        max_length=MAX_SECURITY_CONTEXT_FIELDS,
+        description=(
+            "Router container securityContext (a Kubernetes SecurityContext), merged over the operator's "
+            "(readOnlyRootFilesystem, allowPrivilegeEscalation false, capabilities drop ALL)."
+        ),
     )
 
     def threshold_bounds(self) -> tuple[int, int]:

@@ -8,6 +8,7 @@ and quantities are strings in canonical form.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from dataclasses import dataclass
@@ -126,3 +127,59 @@ def merge_env(base: list[Manifest], overrides: list[Manifest]) -> list[Manifest]
             raise ValueError(f"engine.extraEnv entry without a name: {item!r}")
         merged[item["name"]] = item
     return list(merged.values())
+
+
+# --- Pod Security
+# The router and the LMCache controller meet the Pod Security Standard "restricted": non-root, read-only root
+# filesystem (an emptyDir at /tmp for scratch), no privilege escalation, every capability dropped, the
+# runtime's default seccomp profile. Engines run the upstream vLLM image, which runs as root and writes caches
+# under its home: they keep those, and otherwise get what "restricted" asks of capabilities, privilege
+# escalation and seccomp. A pool's own securityContext settings are merged over these, key by key (and one
+# level down, so `capabilities: {add: [IPC_LOCK]}` for RDMA keeps `drop: [ALL]`).
+NON_ROOT_UID = 10001  # the router image's user (images/router/Dockerfile)
+SCRATCH_VOLUME = "tmp"
+SCRATCH_PATH = "/tmp"
+_RUNTIME_DEFAULT_SECCOMP: Manifest = {"type": "RuntimeDefault"}
+_NO_ESCALATION: Manifest = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def overlay(defaults: Manifest, user: Manifest) -> Manifest:
+    """`user` over `defaults`: a key the user sets wins; where both are objects, merged one level down."""
+    merged = copy.deepcopy(defaults)
+    for key, value in copy.deepcopy(user).items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def restricted_pod_security(user: Manifest | None = None) -> Manifest:
+    defaults: Manifest = {
+        "runAsNonRoot": True,
+        "runAsUser": NON_ROOT_UID,
+        "runAsGroup": NON_ROOT_UID,
+        "seccompProfile": _RUNTIME_DEFAULT_SECCOMP,
+    }
+    return overlay(defaults, user or {})
+
+
+def restricted_container_security(user: Manifest | None = None) -> Manifest:
+    return overlay({**_NO_ESCALATION, "readOnlyRootFilesystem": True}, user or {})
+
+
+def engine_pod_security(user: Manifest | None = None) -> Manifest:
+    return overlay({"seccompProfile": _RUNTIME_DEFAULT_SECCOMP}, user or {})
+
+
+def engine_container_security(user: Manifest | None = None) -> Manifest:
+    return overlay(_NO_ESCALATION, user or {})
+
+
+def scratch_volume() -> Manifest:
+    """Writable scratch space for a container whose root filesystem is read-only."""
+    return {"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": "1Gi"}}
+
+
+def scratch_mount() -> Manifest:
+    return {"name": SCRATCH_VOLUME, "mountPath": SCRATCH_PATH}

@@ -19,7 +19,9 @@ from inferencepool.builders.common import (
     Manifest,
     PoolRef,
     checksum,
+    engine_container_security,
     engine_name,
+    engine_pod_security,
     field_env,
     lmcache_config_name,
     lmcache_controller_name,
@@ -194,6 +196,7 @@ def engine_container(pool: InferencePool, ref: PoolRef, role: PoolRole) -> Manif
         "livenessProbe": _http_probe("/health", 10, 6, 10),
         "lifecycle": {"preStop": {"exec": {"command": ["python3", "-c", drain_script()]}}},
         "volumeMounts": mounts,
+        "securityContext": engine_container_security(spec.pool(role).security_context),
     }
     resources = engine_resources(pool, role)
     if resources:
@@ -235,6 +238,7 @@ def engine_pod_template(pool: InferencePool, ref: PoolRef, role: PoolRole) -> Ma
     if spec.uses_lmcache():
         annotations[CHECKSUM_ANNOTATION] = checksum(lmcache_config(pool, ref, role)["data"])
     pod_spec: Manifest = {
+        "securityContext": engine_pod_security(spec.pool(role).pod_security_context),
         "containers": [engine_container(pool, ref, role)],
         "volumes": engine_volumes(pool, ref, role),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,

@@ -11,11 +11,16 @@ from typing import Final
 from inferencepool.api.v1alpha1 import InferencePool
 from inferencepool.builders import lmcache
 from inferencepool.builders.common import (
+    SCRATCH_PATH,
     Manifest,
     PoolRef,
     lmcache_controller_name,
     metadata,
     python_hash_seed,
+    restricted_container_security,
+    restricted_pod_security,
+    scratch_mount,
+    scratch_volume,
     selector_labels,
     tcp_port,
 )
@@ -45,10 +50,16 @@ def controller_deployment(pool: InferencePool, ref: PoolRef) -> Manifest:
             tcp_port("reply", lmcache.CONTROLLER_REPLY_PORT),
         ],
         # It hashes lookup tokens into chunk keys; they must match the keys the engines report.
-        "env": [{"name": "PYTHONHASHSEED", "value": python_hash_seed(ref)}],
+        "env": [
+            {"name": "PYTHONHASHSEED", "value": python_hash_seed(ref)},
+            # It runs the engine image as a non-root user on a read-only root: home and caches go to scratch.
+            {"name": "HOME", "value": SCRATCH_PATH},
+        ],
         "readinessProbe": {**tcp_check, "successThreshold": 1},
         "livenessProbe": {**tcp_check, "successThreshold": 1},
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+        "securityContext": restricted_container_security(),
+        "volumeMounts": [scratch_mount()],
     }
     return {
         "apiVersion": "apps/v1",
@@ -61,7 +72,9 @@ def controller_deployment(pool: InferencePool, ref: PoolRef) -> Manifest:
             "template": {
                 "metadata": {"labels": metadata(ref, name, ROLE)["labels"]},
                 "spec": {
+                    "securityContext": restricted_pod_security(),
                     "containers": [container],
+                    "volumes": [scratch_volume()],
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
                 },

@@ -3,7 +3,8 @@ least-privilege RBAC.
 
 The router discovers engine pods from Pod objects (the API server refuses loopback and many CNI addresses in
 EndpointSlices are not what NIXL needs anyway), so its ServiceAccount may get, list and watch Pods in the
-pool's namespace and nothing else. Its config arrives as text in an env var from the ConfigMap; the pod
+pool's namespace and nothing else; it holds no other credential (no HF token), and its pod meets Pod Security
+"restricted". Its config arrives as text in an env var from the ConfigMap; the pod
 template carries a checksum of that text, so a config change rolls the router.
 """
 
@@ -20,8 +21,12 @@ from inferencepool.builders.common import (
     checksum,
     field_env,
     metadata,
+    restricted_container_security,
+    restricted_pod_security,
     router_name,
     router_service_name,
+    scratch_mount,
+    scratch_volume,
     selector_labels,
     tcp_port,
 )
@@ -128,12 +133,8 @@ def router_deployment(pool: InferencePool, ref: PoolRef) -> Manifest:
         field_env("POD_NAMESPACE", "metadata.namespace"),
         {"name": ENV_CONFIG, "valueFrom": {"configMapKeyRef": {"name": name, "key": CONFIG_KEY}}},
     ]
-    if spec.model.token_secret is not None:
-        # Gated models (Llama) gate their tokenizer too; the router downloads it to count prompt tokens.
-        secret = spec.model.token_secret
-        env.append(
-            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}}
-        )
+    # No HF_TOKEN: the router never downloads (it reads a tokenizer from its HF cache or estimates), so the
+    # one credential of the pool stays with the engines.
     ports = [tcp_port("http", HTTP_PORT)]
     if spec.kv_transfer.connector == "LMCachePD":
         ports.append(tcp_port("pd-proxy", lmcache.PD_PROXY_PORT))
@@ -160,6 +161,8 @@ def router_deployment(pool: InferencePool, ref: PoolRef) -> Manifest:
         },
         # Gives Services and peers time to stop sending before SIGTERM starts the router's own drain.
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
+        "securityContext": restricted_container_security(spec.router.security_context),
+        "volumeMounts": [scratch_mount()],
     }
     if spec.router.resources:
         container["resources"] = spec.router.resources
@@ -170,7 +173,9 @@ def router_deployment(pool: InferencePool, ref: PoolRef) -> Manifest:
         },
         "spec": {
             "serviceAccountName": name,
+            "securityContext": restricted_pod_security(spec.router.pod_security_context),
             "containers": [container],
+            "volumes": [scratch_volume()],
             "terminationGracePeriodSeconds": PRESTOP_SLEEP_SECONDS
             + config.timeouts.drain_seconds
             + TERMINATION_MARGIN_SECONDS,
