@@ -15,6 +15,12 @@ layers and the coroutine hand-off for every streamed chunk. Here:
 Scope is what the router needs, no more: requests with Content-Length or chunked bodies, keep-alive and
 pipelined requests (answered in order), `Expect: 100-continue`, HTTP/1.0 clients (close-delimited streams),
 backpressure both ways, and a body size limit. No TLS, upgrades or trailers.
+
+A request's head is bounded as common servers bound it (HeadLimits: request line, each header, the header
+count, the whole head), counted on the bytes as they arrive, before the parser accumulates them: httptools
+joins a header's pieces by bytes concatenation, so an unbounded header costs quadratic time in its size and
+one client could stall the loop for all others. (httptools reports a header only once the next begins, so
+one header is cut somewhere between its limit and twice that; the whole head exactly at its limit.)
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Literal, cast
 
@@ -37,6 +44,9 @@ FailureKind = Literal["connect", "disconnect", "timeout", "protocol"]
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _MAX_PIPELINED = 16  # requests read ahead of their answers on one connection
+# A refused request's connection is half-closed and what the client still sends is discarded this long
+# before the close, so the client reads the error instead of a reset (nginx's lingering close).
+_LINGER_SECONDS = 2.0
 _LAST_CHUNK = b"0\r\n\r\n"
 
 
@@ -140,6 +150,18 @@ class Reply:
 Handler = Callable[[Request, Reply], Awaitable[None]]
 
 
+@dataclass(frozen=True, slots=True)
+class HeadLimits:
+    """Bounds on a request's head; beyond them the request gets 414 (line) or 431 (headers) and the
+    connection closes. Defaults follow common servers: nginx's 8 KiB request line and header buffers,
+    Node.js's 16 KiB head, Apache's 100 headers; the total leaves room for large cookies or tokens."""
+
+    request_line: int = 8 * 1024
+    header: int = 16 * 1024  # name, value and separators of one header
+    count: int = 100
+    total: int = 64 * 1024
+
+
 class Server:
     """Routes requests to `handler`; `limit` is the largest request body accepted (413 beyond).
 
@@ -155,9 +177,11 @@ class Server:
         on_error: Callable[[int, str], bytes],
         keepalive_seconds: float = 75.0,
         read_seconds: float = 60.0,
+        head_limits: HeadLimits = HeadLimits(),
     ) -> None:
         self.handler = handler
         self.limit = limit
+        self.head_limits = head_limits
         self.error_body = on_error
         self.keepalive_seconds = keepalive_seconds
         self.read_seconds = read_seconds
@@ -202,8 +226,14 @@ class _ServerConnection(asyncio.Protocol):
         self.backpressure: tuple[Callable[[], None], Callable[[], None]] | None = None
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
-        self._url = b""
+        self._url: list[bytes] = []
+        self._url_size = 0
         self._headers: dict[str, str] = {}
+        self._header_count = 0
+        # While a head is read: bytes it may still take in all, and for the header being read now.
+        self._in_head = True
+        self._head_room = server.head_limits.total
+        self._field_room = server.head_limits.header
         self._body: list[bytes] = []
         self._size = 0
         self._rejected = False
@@ -229,14 +259,32 @@ class _ServerConnection(asyncio.Protocol):
         self.server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
-        if self._rejected:
-            return
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._reject(400, "protocol upgrades are not supported")
-        except httptools.HttpParserError as error:
-            self._reject(400, f"malformed HTTP request: {error}")
+        while data and not self._rejected:
+            if self._in_head:
+                # A head is fed no further than its bounds, so its cost stays linear and bounded.
+                room = min(self._head_room, self._field_room) + 1
+                piece, data = (data[:room], data[room:]) if len(data) > room else (data, b"")
+                self._head_room -= len(piece)
+                self._field_room -= len(piece)
+            else:
+                piece, data = data, b""
+            try:
+                self._parser.feed_data(piece)
+            except httptools.HttpParserUpgrade:
+                self._reject(400, "protocol upgrades are not supported")
+            except httptools.HttpParserError as error:
+                self._reject(400, f"malformed HTTP request: {error}")
+            if self._in_head and not self._rejected:
+                self._check_head()  # still in the head: it grows past a bound with the next byte
+
+    def _check_head(self) -> None:
+        limits = self.server.head_limits
+        if self._url_size > limits.request_line:
+            self._reject(414, f"the request line exceeds the router's limit of {limits.request_line} bytes")
+        elif self._field_room < 0:
+            self._reject(431, f"a request header exceeds the router's limit of {limits.header} bytes")
+        elif self._head_room < 0:
+            self._reject(431, f"the request headers exceed the router's limit of {limits.total} bytes")
 
     def eof_received(self) -> bool:
         return False  # a client that stops sending is gone: close, and cancel what it asked for
@@ -263,18 +311,35 @@ class _ServerConnection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._reading_since = time.monotonic()
         self._idle_since = None
-        self._url = b""
+        self._url = []
+        self._url_size = 0
         self._headers = {}
+        self._header_count = 0
         self._body = []
         self._size = 0
 
     def on_url(self, url: bytes) -> None:
-        self._url += url
+        self._url.append(url)
+        self._url_size += len(url)
+        # The request line's end starts the first header: its room starts there.
+        self._field_room = self.server.head_limits.header
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        # httptools reports a header once the next one begins: the room restarts with that one.
+        self._field_room = self.server.head_limits.header
+        self._header_count += 1
+        if self._header_count > self.server.head_limits.count:
+            limit = self.server.head_limits.count
+            self._reject(431, f"the request has more than the router's limit of {limit} headers")
+            return
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
+        if not self._rejected:
+            self._check_head()  # a head that ended inside the piece fed last
+        if self._rejected:
+            return
         length = self._headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.server.limit:
             self._too_large()
@@ -293,9 +358,12 @@ class _ServerConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._reading_since = None
+        self._in_head = True
+        self._head_room = self.server.head_limits.total
+        self._field_room = self.server.head_limits.header
         if self._rejected:
             return
-        url = self._url.decode("latin-1")
+        url = b"".join(self._url).decode("latin-1")
         request = Request(
             self._parser.get_method().decode(),
             url.split("?", 1)[0],
@@ -369,7 +437,11 @@ class _ServerConnection(asyncio.Protocol):
         if self._task is not None:
             return  # a reply is being written on this connection; closing after it is all that is left
         self.write(_whole(status, "application/json", (), self.server.error_body(status, message), True))
-        self._close()
+        if self._transport is not None and not self._closing and self._transport.can_write_eof():
+            self._transport.write_eof()
+            asyncio.get_running_loop().call_later(_LINGER_SECONDS, self._close)
+        else:
+            self._close()
 
     def _too_large(self) -> None:
         self._reject(413, f"request body exceeds the router's limit of {self.server.limit} bytes")
