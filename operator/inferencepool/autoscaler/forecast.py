@@ -1,0 +1,58 @@
+"""Load one model-load time ahead (pure; time is passed in).
+
+A new replica serves only after its model loads, so the planner sizes a pool for the load it will carry
+then, not now. The forecast of one signal is the larger of:
+- the trend: a least-squares line over the last `trend_seconds` of samples, read at now + horizon (never
+  below zero),
+- the recent peak: the highest sample of the last `peak_seconds`, the latest one included (a burst that came
+  once comes again; holding it is what keeps a pool from shrinking into the next one, and a falling trend
+  lowers the forecast no faster than the load itself has fallen).
+With fewer than two samples the forecast is the latest sample (or None: nothing is known yet).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    value: float  # what the pool should be sized for at now + horizon (before headroom)
+    latest: float
+    trend: float  # the line at now + horizon
+    peak: float
+    slope: float  # per second
+
+
+class Forecaster:
+    def __init__(self, trend_seconds: float = 300.0, peak_seconds: float = 120.0) -> None:
+        if trend_seconds <= 0 or peak_seconds < 0:
+            raise ValueError("trend_seconds must be > 0 and peak_seconds >= 0")
+        self.trend_seconds = trend_seconds
+        self.peak_seconds = peak_seconds
+        self._samples: deque[tuple[float, float]] = deque()
+
+    def observe(self, now: float, value: float) -> None:
+        if self._samples and now < self._samples[-1][0]:
+            raise ValueError(f"samples must come in time order: {now} after {self._samples[-1][0]}")
+        self._samples.append((now, value))
+        keep = max(self.trend_seconds, self.peak_seconds)
+        while self._samples and self._samples[0][0] < now - keep:
+            self._samples.popleft()
+
+    def forecast(self, now: float, horizon: float) -> Forecast | None:
+        if not self._samples:
+            return None
+        latest = self._samples[-1][1]
+        recent = [(t, v) for t, v in self._samples if t >= now - self.trend_seconds]
+        peak = max((v for t, v in self._samples if t >= now - self.peak_seconds), default=latest)
+        if len(recent) < 2:
+            return Forecast(max(latest, peak), latest, latest, peak, 0.0)
+        n = len(recent)
+        mean_t = sum(t for t, _ in recent) / n
+        mean_v = sum(v for _, v in recent) / n
+        spread = sum((t - mean_t) ** 2 for t, _ in recent)
+        slope = sum((t - mean_t) * (v - mean_v) for t, v in recent) / spread if spread > 0 else 0.0
+        trend = max(0.0, mean_v + slope * (now + horizon - mean_t))
+        return Forecast(max(trend, peak), latest, trend, peak, slope)

@@ -1,0 +1,542 @@
+"""How many prefill and decode replicas a pool wants, from measured demand, forecast and capacity (pure).
+
+An SLA planner in the manner of NVIDIA Dynamo's: it sizes each role from the load it will carry one model
+load ahead and what one replica carries at the latency target, and uses the observed latency against the
+target as feedback, not as the signal to size from (latency is flat until a pool saturates, then rises like a
+hockey stick, so a latency ratio says nothing about how many replicas a load needs).
+
+Every interval the caller passes an `Observation` (what the router and the engines' metrics said over it);
+`Planner.decide` returns a `Plan`: replicas per role, each with the figures behind it, a pure data record for
+status, events and logs. Time is passed in; nothing here reads a clock or does I/O.
+
+Demand, in engine-seconds of work per second (`capacity.CapacityModel`):
+- W_p: the prefill work of the prompts the routing policy sends, or wanted to send, to the prefill pool;
+- W_d: the prefill work of the prompts prefilled on decode pods (short prompts, routed direct);
+- G: generated tokens per second, each costing delta (the per-sequence step cost at the mean context);
+- KV: the decode pool's KV in use, which must fit in kv_fill of its capacity.
+
+Forecast: the prefill pool's and the decode pool's demand one model load plus one interval ahead
+(`forecast.Forecaster`: trend and recent peak), times the correction, the latency factor and the headroom.
+
+Capacity of one replica at the target:
+- prefill: a utilisation cap from the TTFT target, M/D/1 style. With S the service time of the mean prompt,
+  the mean queueing wait is rho S / (2 (1 - rho)); keeping S + k x wait under the target gives
+  rho <= x / (1 + x), x = 2 (target / S - 1) / k;
+- decode: the share of each second beyond the base steps, delta G + W_d, must stay under 1 - t0 / ITL target
+  (so a step, t0 / (1 - share), stays under the target), and under the TTFT cap of the direct prompts.
+
+Corrections: kappa = observed / predicted utilisation (prefill: the engines' busy share; decode: 1 - t0 /
+observed mean ITL), smoothed and clamped, multiplies the demand; the latency factor phi grows while the
+pool's own percentile (prefill: TTFT; decode: ITL and the TTFT of direct prompts) is over target with every
+replica ready, and relaxes back to 1 when it is under. Over target with every replica ready and no more
+planned, one replica is added (a guard against model error).
+
+Decision: replicas = ceil(demand / capacity) per role; scale up at once (replicas still loading count, since
+the number is a target), scale down one replica per decision when the forecast allows, not within
+`scale_down_delay_seconds` of a scale-up. Bounds: min/max per role, prefill:decode ratio bounds while
+prefill runs, an optional GPU budget across both. Prefill may go to zero (its minReplicas 0): below
+`zero_prefill_below` of one replica's load the prefill pool goes and the decode pods prefill everything
+(colocated), and it comes back above `prefill_back_above`; while it is gone, its demand counts on decode.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from inferencepool.autoscaler.capacity import CapacityModel
+from inferencepool.autoscaler.forecast import Forecaster
+
+# Reasons (CamelCase, as in Kubernetes conditions and events).
+FORECAST_UP = "ForecastUp"
+FORECAST_DOWN = "ForecastDown"
+STEADY = "Steady"
+LATENCY_GUARD = "LatencyGuard"
+PREFILL_TO_ZERO = "PrefillToZero"
+PREFILL_BACK = "PrefillBack"
+RATIO_BOUND = "RatioBound"
+BUDGET_LIMITED = "BudgetLimited"
+SCALING_LIMITED = "ScalingLimited"
+SCALE_DOWN_DELAY = "ScaleDownDelay"
+MISSING_METRICS = "MissingMetrics"
+
+
+@dataclass(frozen=True)
+class RoleBounds:
+    min_replicas: int
+    max_replicas: int
+    gpus_per_replica: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_replicas <= self.max_replicas or self.max_replicas < 1:
+            raise ValueError(
+                f"replica bounds must satisfy 0 <= min <= max and max >= 1, got "
+                f"{self.min_replicas}..{self.max_replicas}"
+            )
+        if self.gpus_per_replica < 0:
+            raise ValueError("gpus_per_replica must be >= 0")
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    ttft_target_seconds: float
+    itl_target_seconds: float
+    prefill: RoleBounds
+    decode: RoleBounds
+    model_load_seconds: float = 120.0
+    interval_seconds: float = 15.0
+    headroom: float = 1.1
+    max_utilisation: float = 0.9
+    wait_factor: float = 1.0  # k: how many mean waits the TTFT target must leave room for
+    kv_fill: float = 0.8
+    ratio_bounds: tuple[float, float] | None = None  # prefill / decode replicas while prefill runs
+    gpu_budget: int | None = None  # across both roles
+    zero_prefill_below: float = 0.2  # of one prefill replica's capacity (minReplicas 0 only)
+    prefill_back_above: float = 0.6
+    latency_tolerance: float = 0.1
+    correction_weight: float = 0.3
+    correction_bounds: tuple[float, float] = (0.5, 2.0)
+    latency_factor_max: float = 3.0
+    scale_down_delay_seconds: float = 60.0
+    trend_seconds: float = 300.0
+    peak_seconds: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.ttft_target_seconds <= 0 or self.itl_target_seconds <= 0:
+            raise ValueError("latency targets must be > 0")
+        if self.decode.min_replicas < 1:
+            raise ValueError("decode minReplicas must be >= 1 (decode scale-to-zero is not supported)")
+        if self.headroom < 1 or not 0 < self.max_utilisation <= 1 or not 0 < self.kv_fill <= 1:
+            raise ValueError("headroom must be >= 1, max_utilisation and kv_fill within (0, 1]")
+        if self.ratio_bounds is not None and not 0 <= self.ratio_bounds[0] <= self.ratio_bounds[1]:
+            raise ValueError(f"ratio bounds must satisfy 0 <= low <= high, got {self.ratio_bounds}")
+        if self.gpu_budget is not None and self.gpu_budget < self.decode.min_replicas * max(
+            1, self.decode.gpus_per_replica
+        ):
+            raise ValueError(f"a GPU budget of {self.gpu_budget} cannot hold the decode pool's minimum")
+        if self.zero_prefill_below > self.prefill_back_above:
+            raise ValueError("zero_prefill_below must be <= prefill_back_above (hysteresis)")
+
+
+@dataclass(frozen=True)
+class RouteLoad:
+    """Prompts on one route over the interval (the router's counters)."""
+
+    prompts: int
+    prompt_tokens: int
+    work_seconds: float | None = None  # sum of the capacity model's prefill cost per prompt, if counted
+
+    def work(self, model: CapacityModel) -> float:
+        if self.work_seconds is not None:
+            return self.work_seconds
+        if self.prompts <= 0:
+            return 0.0
+        return self.prompts * model.prefill_seconds(self.prompt_tokens / self.prompts)
+
+
+@dataclass(frozen=True)
+class PoolSignals:
+    """One role's pods over the interval (the engines' metrics); None where a figure is unknown."""
+
+    replicas: int  # desired (spec), loading pods included
+    ready: int
+    observed_seconds: float | None = None  # its target percentile: TTFT (prefill) or ITL (decode)
+    busy_fraction: float | None = None  # prefill: mean share of time the ready engines computed
+    mean_itl_seconds: float | None = None  # decode: mean inter-token latency (histogram sum / count)
+    direct_ttft_seconds: float | None = None  # decode: TTFT percentile of prompts prefilled on decode pods
+    kv_usage: float | None = None  # decode: mean KV cache usage of ready engines, 0..1
+    mean_context_tokens: float | None = None  # decode: mean context of running sequences
+
+
+@dataclass(frozen=True)
+class Observation:
+    now: float
+    interval_seconds: float
+    to_prefill: RouteLoad | None  # prompts the policy sent, or wanted to send, to the prefill pool
+    direct: RouteLoad | None  # prompts the policy routed direct (prefilled on decode pods)
+    generated_tokens: int | None
+    prefill: PoolSignals
+    decode: PoolSignals
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    """One role's decision and every figure behind it."""
+
+    role: str
+    current: int
+    ready: int
+    replicas: int  # what the pool should have now
+    wanted: int  # before the one-step scale-down, the delay and the bounds
+    reason: str
+    message: str
+    demand: float  # engine-seconds per second, measured over the interval (kappa applied)
+    forecast: float  # ... one model load ahead, headroom and latency factor applied
+    capacity_per_replica: float  # engine-seconds per second one replica carries at the target
+    correction: float  # kappa, observed / predicted utilisation
+    latency_factor: float  # phi
+    observed_seconds: float | None
+    target_seconds: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    now: float
+    prefill: RolePlan
+    decode: RolePlan
+
+    def summary(self) -> str:
+        return "; ".join(f"{p.role}: {p.message}" for p in (self.prefill, self.decode))
+
+
+@dataclass
+class _RoleState:
+    forecasters: dict[str, Forecaster] = field(default_factory=dict)
+    correction: float = 1.0
+    latency_factor: float = 1.0
+    last_scale_up: float | None = None
+
+
+def _utilisation_cap(target: float, service: float, wait_factor: float, ceiling: float) -> float:
+    """The highest utilisation at which service + wait_factor x the M/D/1 mean wait stays under target."""
+    if service <= 0:
+        return ceiling
+    slack = target / service - 1
+    if slack <= 0:
+        return 0.05  # the target is below one prompt's service time: size generously, the guard does the rest
+    x = 2 * slack / wait_factor
+    return max(0.05, min(ceiling, x / (1 + x)))
+
+
+class Planner:
+    def __init__(self, settings: PlannerSettings, model: CapacityModel) -> None:
+        self.settings = settings
+        self.model = model
+        self._state = {"prefill": _RoleState(), "decode": _RoleState()}
+
+    def _forecast(self, role: str, signal: str, now: float, value: float) -> float:
+        state = self._state[role]
+        forecaster = state.forecasters.get(signal)
+        if forecaster is None:
+            forecaster = state.forecasters[signal] = Forecaster(
+                self.settings.trend_seconds, self.settings.peak_seconds
+            )
+        forecaster.observe(now, value)
+        horizon = self.settings.model_load_seconds + self.settings.interval_seconds
+        result = forecaster.forecast(now, horizon)
+        assert result is not None
+        return result.value
+
+    def _correct(self, role: str, observed: float | None, predicted: float) -> None:
+        state = self._state[role]
+        if observed is None or predicted < 0.05:
+            return  # too little load to tell the model's error from noise
+        low, high = self.settings.correction_bounds
+        ratio = min(high, max(low, observed / predicted))
+        weight = self.settings.correction_weight
+        state.correction = (1 - weight) * state.correction + weight * ratio
+
+    def _feedback(self, role: str, ratio: float | None, all_ready: bool) -> bool:
+        """Update phi from observed / target; True when the pool is over target with every replica up."""
+        state = self._state[role]
+        tolerance = self.settings.latency_tolerance
+        if ratio is None:
+            return False
+        if ratio > 1 + tolerance and all_ready:
+            state.latency_factor = min(
+                self.settings.latency_factor_max, state.latency_factor * min(ratio, 1.5)
+            )
+            return True
+        if ratio <= 1:
+            state.latency_factor = max(1.0, 1 + (state.latency_factor - 1) * 0.8)
+        return False
+
+    def decide(self, obs: Observation) -> Plan:
+        s = self.settings
+        if obs.to_prefill is None or obs.direct is None or obs.generated_tokens is None:
+            return self._keep(obs, "router or engine counters missing for this interval")
+        interval = max(obs.interval_seconds, 1e-9)
+        model = self.model
+
+        # ----- prefill -----
+        w_p = obs.to_prefill.work(model) / interval
+        prefill_ready = obs.prefill.ready
+        if prefill_ready > 0:
+            self._correct("prefill", obs.prefill.busy_fraction, w_p / prefill_ready)
+        p_state = self._state["prefill"]
+        p_ratio = (
+            None
+            if obs.prefill.observed_seconds is None
+            else obs.prefill.observed_seconds / s.ttft_target_seconds
+        )
+        p_over = self._feedback("prefill", p_ratio, prefill_ready >= obs.prefill.replicas > 0)
+        mean_prompt = (
+            obs.to_prefill.prompt_tokens / obs.to_prefill.prompts
+            if obs.to_prefill.prompts
+            else model.chunk_tokens
+        )
+        p_cap = _utilisation_cap(
+            s.ttft_target_seconds, model.idle_prefill_seconds(mean_prompt), s.wait_factor, s.max_utilisation
+        )
+        p_demand = p_state.correction * w_p
+        p_forecast = (
+            self._forecast("prefill", "work", obs.now, w_p)
+            * p_state.correction
+            * s.headroom
+            * p_state.latency_factor
+        )
+        p_share = p_forecast / p_cap  # replicas' worth of prefill load
+        bounds_p = s.prefill
+        current_p = obs.prefill.replicas
+        p_reason = ""
+        if bounds_p.min_replicas == 0 and (
+            (current_p == 0 and p_share < s.prefill_back_above)
+            or (current_p > 0 and p_share < s.zero_prefill_below)
+        ):
+            wanted_p = 0
+            p_reason = PREFILL_TO_ZERO if current_p > 0 else STEADY
+        else:
+            wanted_p = max(1, math.ceil(p_share - 1e-9)) if p_share > 0 or bounds_p.min_replicas > 0 else 0
+            if current_p == 0 and wanted_p > 0:
+                p_reason = PREFILL_BACK
+        if p_over and wanted_p <= current_p and current_p > 0:
+            wanted_p, p_reason = current_p + 1, LATENCY_GUARD
+
+        # ----- decode -----
+        generated = obs.generated_tokens / interval
+        w_d = obs.direct.work(model) / interval
+        context = obs.decode.mean_context_tokens
+        if context is None:
+            total = obs.direct.prompts + obs.to_prefill.prompts
+            tokens = obs.direct.prompt_tokens + obs.to_prefill.prompt_tokens
+            context = tokens / total if total else 1024.0
+        t0, delta = model.decode_step(context)
+        decode_ready = obs.decode.ready
+        predicted_u = (w_d + delta * generated + (w_p if prefill_ready == 0 else 0.0)) / max(decode_ready, 1)
+        observed_u = (
+            None
+            if obs.decode.mean_itl_seconds is None or obs.decode.mean_itl_seconds <= 0
+            else max(0.0, 1 - t0 / obs.decode.mean_itl_seconds)
+        )
+        if decode_ready > 0:
+            self._correct("decode", observed_u, predicted_u)
+        d_state = self._state["decode"]
+        ratios = [
+            r
+            for r in (
+                None
+                if obs.decode.observed_seconds is None
+                else obs.decode.observed_seconds / s.itl_target_seconds,
+                None
+                if obs.decode.direct_ttft_seconds is None
+                else obs.decode.direct_ttft_seconds / s.ttft_target_seconds,
+            )
+            if r is not None
+        ]
+        d_ratio = max(ratios) if ratios else None
+        d_over = self._feedback("decode", d_ratio, decode_ready >= obs.decode.replicas > 0)
+        mean_direct = obs.direct.prompt_tokens / obs.direct.prompts if obs.direct.prompts else 256.0
+        itl_cap = 1 - t0 / s.itl_target_seconds
+        d_cap = max(
+            0.05,
+            min(
+                itl_cap,
+                _utilisation_cap(
+                    s.ttft_target_seconds,
+                    model.idle_prefill_seconds(mean_direct),
+                    s.wait_factor,
+                    s.max_utilisation,
+                ),
+            ),
+        )
+        d_work = d_state.correction * (w_d + delta * generated)
+        d_forecast = (
+            self._forecast("decode", "work", obs.now, w_d + delta * generated)
+            * d_state.correction
+            * s.headroom
+            * d_state.latency_factor
+        )
+        if wanted_p == 0:
+            d_forecast += p_forecast  # no prefill pool: the decode pods prefill what it would have
+        kv_tokens = (obs.decode.kv_usage or 0.0) * model.kv_capacity_tokens * max(decode_ready, 0)
+        kv_replicas = math.ceil(kv_tokens / (s.kv_fill * model.kv_capacity_tokens) - 1e-9)
+        wanted_d = max(1, math.ceil(d_forecast / d_cap - 1e-9), kv_replicas)
+        d_reason = ""
+        current_d = obs.decode.replicas
+        if d_over and wanted_d <= current_d:
+            wanted_d, d_reason = current_d + 1, LATENCY_GUARD
+
+        # ----- actuation and bounds -----
+        replicas_p, p_reason = self._actuate("prefill", obs.now, current_p, wanted_p, p_reason, bounds_p)
+        replicas_d, d_reason = self._actuate("decode", obs.now, current_d, wanted_d, d_reason, s.decode)
+        if s.ratio_bounds is not None and replicas_p > 0:
+            low, high = s.ratio_bounds
+            bounded = min(
+                max(replicas_p, math.ceil(low * replicas_d - 1e-9)), max(1, math.floor(high * replicas_d))
+            )
+            bounded = min(max(bounded, max(1, bounds_p.min_replicas)), bounds_p.max_replicas)
+            if bounded != replicas_p:
+                replicas_p, p_reason = bounded, RATIO_BOUND
+        if s.gpu_budget is not None:
+            replicas_p, replicas_d, limited = self._fit_budget(
+                replicas_p, replicas_d, p_share, d_forecast / d_cap
+            )
+            if limited:
+                p_reason = BUDGET_LIMITED if limited in ("prefill", "both") else p_reason
+                d_reason = BUDGET_LIMITED if limited in ("decode", "both") else d_reason
+        for role, before, after in (("prefill", current_p, replicas_p), ("decode", current_d, replicas_d)):
+            if after > before:
+                self._state[role].last_scale_up = obs.now
+
+        prefill_plan = RolePlan(
+            "prefill",
+            current_p,
+            prefill_ready,
+            replicas_p,
+            wanted_p,
+            p_reason,
+            self._message(
+                current_p,
+                replicas_p,
+                wanted_p,
+                p_reason,
+                p_demand,
+                p_forecast,
+                p_cap,
+                p_state,
+                obs.prefill.observed_seconds,
+                s.ttft_target_seconds,
+                "TTFT",
+            ),
+            p_demand,
+            p_forecast,
+            p_cap,
+            p_state.correction,
+            p_state.latency_factor,
+            obs.prefill.observed_seconds,
+            s.ttft_target_seconds,
+        )
+        decode_plan = RolePlan(
+            "decode",
+            current_d,
+            decode_ready,
+            replicas_d,
+            wanted_d,
+            d_reason,
+            self._message(
+                current_d,
+                replicas_d,
+                wanted_d,
+                d_reason,
+                d_work,
+                d_forecast,
+                d_cap,
+                d_state,
+                obs.decode.observed_seconds,
+                s.itl_target_seconds,
+                "ITL",
+            )
+            + (f", KV needs {kv_replicas}" if kv_replicas > 1 else ""),
+            d_work,
+            d_forecast,
+            d_cap,
+            d_state.correction,
+            d_state.latency_factor,
+            obs.decode.observed_seconds,
+            s.itl_target_seconds,
+        )
+        return Plan(obs.now, prefill_plan, decode_plan)
+
+    def _actuate(
+        self, role: str, now: float, current: int, wanted: int, reason: str, bounds: RoleBounds
+    ) -> tuple[int, str]:
+        """Scale up at once, down one step when no scale-up happened lately; then the min/max bounds."""
+        if wanted > current:
+            replicas = wanted
+            reason = reason or FORECAST_UP
+        elif wanted < current:
+            last_up = self._state[role].last_scale_up
+            if last_up is not None and now - last_up < self.settings.scale_down_delay_seconds:
+                replicas, reason = current, SCALE_DOWN_DELAY
+            else:
+                replicas = current - 1
+                reason = reason or FORECAST_DOWN
+        else:
+            replicas, reason = current, reason or STEADY
+        bounded = min(max(replicas, bounds.min_replicas), bounds.max_replicas)
+        if wanted > bounds.max_replicas and bounded == bounds.max_replicas:
+            reason = SCALING_LIMITED
+        return bounded, reason
+
+    def _fit_budget(
+        self, prefill: int, decode: int, prefill_need: float, decode_need: float
+    ) -> tuple[int, int, str]:
+        """Cut the role most over its need until both pools fit the GPU budget; which role(s) were cut."""
+        s = self.settings
+        assert s.gpu_budget is not None
+        gp, gd = s.prefill.gpus_per_replica, s.decode.gpus_per_replica
+        cut: set[str] = set()
+        while prefill * gp + decode * gd > s.gpu_budget:
+            can_p = prefill > s.prefill.min_replicas and gp > 0
+            can_d = decode > s.decode.min_replicas and gd > 0
+            if not (can_p or can_d):
+                break
+            over_p = prefill / max(prefill_need, 1e-9)
+            over_d = decode / max(decode_need, 1e-9)
+            if can_p and (not can_d or over_p >= over_d):
+                prefill -= 1
+                cut.add("prefill")
+            else:
+                decode -= 1
+                cut.add("decode")
+        return prefill, decode, "both" if len(cut) == 2 else next(iter(cut), "")
+
+    def _message(
+        self,
+        current: int,
+        replicas: int,
+        wanted: int,
+        reason: str,
+        demand: float,
+        forecast: float,
+        capacity: float,
+        state: _RoleState,
+        observed: float | None,
+        target: float,
+        metric: str,
+    ) -> str:
+        seen = "no traffic" if observed is None else f"{observed * 1000:.0f}ms"
+        return (
+            f"{current} -> {replicas} ({reason}; wants {wanted}): demand {demand:.2f}, forecast "
+            f"{forecast:.2f} engine-s/s at {capacity:.2f} per replica, correction {state.correction:.2f}, "
+            f"latency factor {state.latency_factor:.2f}, {metric} {seen} vs target {target * 1000:.0f}ms"
+        )
+
+    def _keep(self, obs: Observation, why: str) -> Plan:
+        s = self.settings
+        plans = []
+        for role, signals, bounds, target in (
+            ("prefill", obs.prefill, s.prefill, s.ttft_target_seconds),
+            ("decode", obs.decode, s.decode, s.itl_target_seconds),
+        ):
+            state = self._state[role]
+            replicas = min(max(signals.replicas, bounds.min_replicas), bounds.max_replicas)
+            plans.append(
+                RolePlan(
+                    role,
+                    signals.replicas,
+                    signals.ready,
+                    replicas,
+                    replicas,
+                    MISSING_METRICS,
+                    f"keeping {replicas}: {why}",
+                    0.0,
+                    0.0,
+                    0.0,
+                    state.correction,
+                    state.latency_factor,
+                    signals.observed_seconds,
+                    target,
+                )
+            )
+        return Plan(obs.now, plans[0], plans[1])

@@ -1,0 +1,252 @@
+"""The SLA planner's decisions, table by table: forecast up and down, capacity correction from observed
+utilisation and latency, P:D ratio bounds, a GPU budget, prefill to zero and back, missing data. A hand-sized
+capacity model keeps every figure checkable: short prompts cost 0.1 ms/token, a 4,000-token prompt 0.5 s."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from inferencepool.autoscaler import planner as p
+from inferencepool.autoscaler.capacity import CapacityModel, from_profile
+from inferencepool.autoscaler.forecast import Forecaster
+from inferencepool.engine_sim import timing
+from inferencepool.engine_sim.profiles import get_profile
+
+MODEL = CapacityModel(
+    chunk_tokens=1000,
+    chunk_seconds=0.1,
+    prefill_points=((1000, 0.1), (4000, 0.5)),
+    decode_points=((1000, 0.01, 0.0001),),
+    kv_capacity_tokens=100_000,
+    max_num_seqs=256,
+)
+INTERVAL = 15.0
+
+
+def settings(**changes: object) -> p.PlannerSettings:
+    base: dict[str, object] = {
+        "ttft_target_seconds": 1.0,
+        "itl_target_seconds": 0.05,
+        "prefill": p.RoleBounds(1, 8),
+        "decode": p.RoleBounds(1, 8),
+        "headroom": 1.0,
+        "interval_seconds": INTERVAL,
+        "scale_down_delay_seconds": 0.0,
+    }
+    base.update(changes)
+    return p.PlannerSettings(**base)  # type: ignore[arg-type]
+
+
+def observe(
+    now: float,
+    long_per_s: float,
+    *,
+    prefill: int = 1,
+    decode: int = 1,
+    prefill_ready: int | None = None,
+    decode_ready: int | None = None,
+    generated_per_s: float = 0.0,
+    direct_per_s: float = 0.0,
+    **signals: float | None,
+) -> p.Observation:
+    """4,000-token prompts to the prefill pool and 500-token ones direct, per second."""
+    long = round(long_per_s * INTERVAL)
+    short = round(direct_per_s * INTERVAL)
+    return p.Observation(
+        now=now,
+        interval_seconds=INTERVAL,
+        to_prefill=p.RouteLoad(long, long * 4000),
+        direct=p.RouteLoad(short, short * 500),
+        generated_tokens=round(generated_per_s * INTERVAL),
+        prefill=p.PoolSignals(
+            prefill,
+            prefill if prefill_ready is None else prefill_ready,
+            observed_seconds=signals.get("ttft"),
+            busy_fraction=signals.get("busy"),
+        ),
+        decode=p.PoolSignals(
+            decode,
+            decode if decode_ready is None else decode_ready,
+            observed_seconds=signals.get("itl"),
+            mean_itl_seconds=signals.get("mean_itl"),
+            direct_ttft_seconds=signals.get("direct_ttft"),
+            kv_usage=signals.get("kv"),
+            mean_context_tokens=1000,
+        ),
+    )
+
+
+def test_capacity_model_figures() -> None:
+    assert MODEL.prefill_seconds(500) == pytest.approx(0.05)  # batched: 500 x 0.1 / 1000
+    assert MODEL.prefill_seconds(2500) == pytest.approx(0.3)  # interpolated
+    assert MODEL.decode_step(1000) == (0.01, 0.0001)
+    h100 = get_profile("llama-3.1-8b-h100")
+    seeded = from_profile(h100, chunk_tokens=2048)
+    assert seeded.chunk_tokens == 2048
+    assert seeded.idle_prefill_seconds(8192) == pytest.approx(
+        timing.ideal_prefill_time(h100.with_overrides(max_num_batched_tokens=2048), 8192)
+    )
+    t0, delta = seeded.decode_step(1024)
+    assert t0 == pytest.approx(timing.step_time(h100, (), [1024])) and delta > 0
+    with pytest.raises(ValueError, match="must increase"):
+        CapacityModel(1000, 0.1, ((2000, 0.2), (1000, 0.1)), ((1000, 0.01, 0.0),), 1000, 1)
+
+
+def test_prefill_sized_from_work_over_the_ttft_utilisation_cap() -> None:
+    """1 prompt/s of 0.5 s work; the cap at a 1 s target and 0.5 s service is 2/3, so 0.75 replicas."""
+    planner = p.Planner(settings(), MODEL)
+    plan = planner.decide(observe(15, 1.0))
+    assert plan.prefill.demand == pytest.approx(0.5)
+    assert plan.prefill.capacity_per_replica == pytest.approx(2 / 3)
+    assert plan.prefill.replicas == 1 and plan.prefill.reason == p.STEADY
+    plan = p.Planner(settings(), MODEL).decide(observe(15, 4.0))  # 2.0 / (2/3) = 3
+    assert (plan.prefill.replicas, plan.prefill.reason) == (3, p.FORECAST_UP)
+    assert (
+        "demand 2.00" in plan.prefill.message and "TTFT no traffic vs target 1000ms" in plan.prefill.message
+    )
+
+
+def test_decode_sized_from_tokens_and_direct_prefill_against_the_itl_target() -> None:
+    """t0 10 ms at a 50 ms target leaves 0.8 of each second; 4,000 tokens/s cost 0.4, direct prefill 0.5."""
+    plan = p.Planner(settings(), MODEL).decide(observe(15, 0.0, generated_per_s=4000, direct_per_s=10))
+    assert plan.decode.demand == pytest.approx(0.4 + 0.5)
+    assert plan.decode.capacity_per_replica == pytest.approx(0.8)
+    assert plan.decode.replicas == 2
+    kv = p.Planner(settings(), MODEL).decide(observe(15, 0.0, decode=3, kv=0.9))  # 3 x 90k tokens in use
+    assert kv.decode.wanted == math.ceil(3 * 0.9 / 0.8) and "KV needs 4" in kv.decode.message
+
+
+@pytest.mark.parametrize(
+    ("loads", "expected"),
+    [
+        ([1.0, 2.0, 3.0, 4.0], 8),  # rising 1/s per interval: ready for the load one model load ahead
+        ([4.0, 4.0, 4.0, 4.0], 3),  # steady: today's need
+    ],
+)
+def test_forecast_up_sizes_for_one_model_load_ahead(loads: list[float], expected: int) -> None:
+    planner = p.Planner(settings(), MODEL)
+    replicas = 1
+    for i, load in enumerate(loads):
+        plan = planner.decide(observe(INTERVAL * (i + 1), load, prefill=replicas))
+        replicas = plan.prefill.replicas
+    assert replicas == min(expected, 8)
+    assert plan.prefill.forecast > plan.prefill.demand or loads[0] == loads[-1]
+
+
+def test_forecast_down_one_step_at_a_time_after_the_peak_has_passed() -> None:
+    planner = p.Planner(settings(peak_seconds=60.0, trend_seconds=60.0), MODEL)
+    replicas, history = 3, []
+    for i in range(16):
+        load = 4.0 if i < 2 else 0.5
+        plan = planner.decide(observe(INTERVAL * (i + 1), load, prefill=replicas))
+        history.append((plan.prefill.replicas, plan.prefill.reason))
+        replicas = plan.prefill.replicas
+    counts = [r for r, _ in history]
+    assert all(b >= a - 1 for a, b in zip(counts, counts[1:], strict=False))  # never more than one down
+    assert counts[3] == 3  # the recent peak still holds the pool
+    assert counts[-1] == 1 and p.FORECAST_DOWN in {reason for _, reason in history}
+
+
+def test_scale_down_waits_after_a_scale_up() -> None:
+    planner = p.Planner(settings(scale_down_delay_seconds=100.0, peak_seconds=0.0, trend_seconds=15.0), MODEL)
+    up = planner.decide(observe(15, 4.0, prefill=1))
+    assert up.prefill.replicas == 3
+    down = planner.decide(observe(30, 0.1, prefill=3))
+    assert (down.prefill.replicas, down.prefill.reason) == (3, p.SCALE_DOWN_DELAY)
+
+
+def test_observed_utilisation_corrects_the_capacity_model() -> None:
+    """Engines twice as busy as the model predicts: the correction moves toward 2 and the pool grows."""
+    planner = p.Planner(settings(), MODEL)
+    corrections = []
+    for i in range(8):
+        plan = planner.decide(observe(INTERVAL * (i + 1), 1.0, prefill=1, busy=1.0))  # predicted 0.5
+        corrections.append(plan.prefill.correction)
+    assert corrections == sorted(corrections) and 1.8 < corrections[-1] <= 2.0
+    assert plan.prefill.replicas == 2  # 0.5 x ~1.9 / (2/3)
+    idle = p.Planner(settings(), MODEL).decide(observe(15, 0.01, busy=0.9))  # too little load to judge
+    assert idle.prefill.correction == 1.0
+
+
+def test_latency_over_target_raises_the_factor_and_guards_only_with_every_replica_ready() -> None:
+    planner = p.Planner(settings(), MODEL)
+    plan = planner.decide(observe(15, 1.0, prefill=1, ttft=3.0))
+    assert plan.prefill.latency_factor == pytest.approx(1.5) and plan.prefill.replicas == 2
+    assert plan.prefill.reason in (p.FORECAST_UP, p.LATENCY_GUARD)
+    loading = p.Planner(settings(), MODEL).decide(observe(15, 1.0, prefill=2, prefill_ready=1, ttft=3.0))
+    assert loading.prefill.latency_factor == 1.0  # a replica is still loading: wait for it
+    # the TTFT of prompts prefilled on decode pods is watched too
+    decode = p.Planner(settings(), MODEL).decide(observe(15, 0.0, decode=1, direct_ttft=2.5))
+    assert (decode.decode.replicas, decode.decode.reason) == (2, p.LATENCY_GUARD)
+
+
+@pytest.mark.parametrize(
+    ("bounds", "load", "expected_prefill"),
+    [
+        ((0.5, 2.0), 0.5, 2),  # decode 4: at least 2 prefill although 1 would do
+        ((0.0, 0.25), 4.0, 1),  # decode 4: at most 1 prefill although 3 are wanted
+    ],
+)
+def test_ratio_bounds(bounds: tuple[float, float], load: float, expected_prefill: int) -> None:
+    planner = p.Planner(settings(ratio_bounds=bounds), MODEL)
+    plan = planner.decide(observe(15, load, prefill=1, decode=4, generated_per_s=30000))  # 3.75 replicas
+    assert plan.decode.replicas == 4
+    assert (plan.prefill.replicas, plan.prefill.reason) == (expected_prefill, p.RATIO_BOUND)
+
+
+def test_gpu_budget_cuts_the_role_most_over_its_need() -> None:
+    budgeted = settings(gpu_budget=4, prefill=p.RoleBounds(1, 8, 1), decode=p.RoleBounds(1, 8, 1))
+    plan = p.Planner(budgeted, MODEL).decide(observe(15, 4.0, generated_per_s=12000))  # wants 3 + 2
+    assert plan.prefill.replicas + plan.decode.replicas == 4
+    assert p.BUDGET_LIMITED in (plan.prefill.reason, plan.decode.reason)
+    with pytest.raises(ValueError, match="cannot hold the decode pool's minimum"):
+        settings(gpu_budget=0)
+
+
+def test_max_replicas_limits_and_says_so() -> None:
+    plan = p.Planner(settings(prefill=p.RoleBounds(1, 2)), MODEL).decide(observe(15, 4.0))
+    assert (plan.prefill.replicas, plan.prefill.wanted, plan.prefill.reason) == (2, 3, p.SCALING_LIMITED)
+
+
+def test_prefill_goes_to_zero_and_comes_back() -> None:
+    planner = p.Planner(settings(prefill=p.RoleBounds(0, 8), peak_seconds=0.0, trend_seconds=1.0), MODEL)
+    quiet = planner.decide(observe(15, 0.1, prefill=1, decode=1))  # 0.05 s/s: 0.075 of a replica
+    assert (quiet.prefill.replicas, quiet.prefill.reason) == (0, p.PREFILL_TO_ZERO)
+    assert quiet.decode.forecast == pytest.approx(quiet.prefill.forecast)  # decode pods take the work
+    still = planner.decide(observe(30, 0.6, prefill=0, decode=1))  # 0.45 of a replica: below 0.6, stays
+    assert (still.prefill.replicas, still.prefill.reason) == (0, p.STEADY)
+    back = planner.decide(observe(45, 3.0, prefill=0, decode=1))
+    assert (back.prefill.replicas, back.prefill.reason) == (3, p.PREFILL_BACK)
+    with pytest.raises(ValueError, match="decode minReplicas must be >= 1"):
+        settings(decode=p.RoleBounds(0, 4))
+
+
+def test_missing_metrics_keep_the_pool() -> None:
+    planner = p.Planner(settings(), MODEL)
+    missing = p.Observation(
+        15, INTERVAL, None, p.RouteLoad(0, 0), 0, p.PoolSignals(2, 2), p.PoolSignals(3, 3)
+    )
+    plan = planner.decide(missing)
+    assert (plan.prefill.replicas, plan.decode.replicas) == (2, 3)
+    assert plan.prefill.reason == plan.decode.reason == p.MISSING_METRICS
+    # no traffic at all is known data, not missing: the pools shrink toward their minimum
+    idle = planner.decide(observe(30, 0.0, prefill=2, decode=3))
+    assert (idle.prefill.replicas, idle.decode.replicas) == (1, 2)
+
+
+def test_forecaster_trend_and_peak() -> None:
+    rising = Forecaster(trend_seconds=60, peak_seconds=0)
+    for t in range(0, 61, 15):
+        rising.observe(t, t / 15)  # +1 per 15 s
+    result = rising.forecast(60, horizon=30)
+    assert result is not None and result.trend == pytest.approx(6.0) and result.slope == pytest.approx(1 / 15)
+    falling = Forecaster(trend_seconds=60, peak_seconds=30)
+    for t, v in ((0, 8.0), (15, 6.0), (30, 4.0), (45, 2.0), (60, 1.0)):
+        falling.observe(t, v)
+    result = falling.forecast(60, horizon=120)
+    assert result is not None and result.trend == 0.0 and result.value == result.peak == 4.0
+    assert Forecaster().forecast(0, 10) is None
+    with pytest.raises(ValueError, match="time order"):
+        falling.observe(10, 1.0)
