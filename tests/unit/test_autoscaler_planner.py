@@ -4,6 +4,7 @@ capacity model keeps every figure checkable: short prompts cost 0.1 ms/token, a 
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -144,7 +145,7 @@ def test_forecast_down_one_step_at_a_time_after_the_peak_has_passed() -> None:
         history.append((plan.prefill.replicas, plan.prefill.reason))
         replicas = plan.prefill.replicas
     counts = [r for r, _ in history]
-    assert all(b >= a - 1 for a, b in zip(counts, counts[1:], strict=False))  # never more than one down
+    assert all(b >= a - 1 for a, b in itertools.pairwise(counts))  # never more than one down
     assert counts[3] == 3  # the recent peak still holds the pool
     assert counts[-1] == 1 and p.FORECAST_DOWN in {reason for _, reason in history}
 
