@@ -580,6 +580,24 @@ class RouterSpec(SpecModel):
         return self.prefill_threshold_tokens, self.prefill_threshold_tokens
 
 
+class NetworkPolicySpec(SpecModel):
+    """NetworkPolicies that let only the pool's own pods reach its engines' HTTP ports and side channels (NIXL,
+    LMCache) and the LMCache controller; the router's HTTP port stays open to every client."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Write the pool's NetworkPolicies (needs a CNI that enforces them). Defaults to false.",
+    )
+    allow_from: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=16,
+        description=(
+            "Other peers (Kubernetes NetworkPolicyPeer objects) that may reach the engines' HTTP port, e.g. "
+            "a Prometheus namespace; the operator itself always may (its autoscaler reads /metrics)."
+        ),
+    )
+
+
 @dataclass(frozen=True)
 class SpecRule:
     """A cross-field rule, checked by the API server (CEL, `self` is the spec) and by the spec model."""
@@ -619,6 +637,10 @@ class InferencePoolSpec(SpecModel):
         description="LMCache KV cache offload and sharing. Off when absent (LMCachePD turns it on).",
     )
     router: RouterSpec = Field(default_factory=RouterSpec, description="The router in front of both pools.")
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=NetworkPolicySpec,
+        description="Restrict who reaches the pool's engines and side channels. Off when absent.",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -11,6 +11,7 @@ from inferencepool.builders.common import Manifest, PoolRef
 from inferencepool.builders.disruption import disruption_budgets
 from inferencepool.builders.engine import engine_children
 from inferencepool.builders.lmcache_controller import controller_children
+from inferencepool.builders.network import network_policies
 from inferencepool.builders.router import router_children, router_endpoint
 
 __all__ = ["CHILD_KINDS", "Manifest", "PoolRef", "pool_children", "router_endpoint"]
@@ -26,6 +27,7 @@ CHILD_KINDS: list[tuple[str, str]] = [
     ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
     ("policy/v1", "PodDisruptionBudget"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
 ]
 
 
@@ -36,4 +38,5 @@ def pool_children(pool: InferencePool) -> list[Manifest]:
         children += engine_children(pool, ref, role)
     children += router_children(pool, ref)
     children += disruption_budgets(ref)
+    children += network_policies(pool, ref)
     return children

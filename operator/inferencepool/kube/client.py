@@ -49,6 +49,7 @@ RESOURCES: Final[dict[tuple[str, str], Resource]] = {
     ("apps/v1", "StatefulSet"): Resource("apps", "v1", "statefulsets"),
     ("apps/v1", "Deployment"): Resource("apps", "v1", "deployments"),
     ("policy/v1", "PodDisruptionBudget"): Resource("policy", "v1", "poddisruptionbudgets"),
+    ("networking.k8s.io/v1", "NetworkPolicy"): Resource("networking.k8s.io", "v1", "networkpolicies"),
     ("rbac.authorization.k8s.io/v1", "Role"): Resource("rbac.authorization.k8s.io", "v1", "roles"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): Resource(
         "rbac.authorization.k8s.io", "v1", "rolebindings"

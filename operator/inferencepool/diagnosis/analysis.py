@@ -1,0 +1,42 @@
+"""Snapshots in, diagnosis and what-if out: the one path the CLI, the tests and (later) the operator take."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferencepool.diagnosis.core import Diagnosis, WhatIfRow, diagnose, with_what_if
+from inferencepool.diagnosis.settings import PoolSettings
+from inferencepool.diagnosis.whatif import (
+    DEFAULT_MAX_REQUESTS,
+    DEFAULT_SECONDS,
+    goodput_by_scenario,
+    what_if,
+)
+from inferencepool.diagnosis.window import PoolWindow, Snapshot, window
+from inferencepool.engine_sim.profiles import EngineProfile
+
+
+@dataclass(frozen=True)
+class Analysis:
+    window: PoolWindow
+    diagnosis: Diagnosis
+    what_if: list[WhatIfRow] | None  # None when not asked for
+
+
+def analyse(
+    earlier: Snapshot,
+    later: Snapshot,
+    settings: PoolSettings,
+    profile: EngineProfile | None = None,
+    *,
+    what_if_seconds: float = DEFAULT_SECONDS,
+    what_if_max_requests: int = DEFAULT_MAX_REQUESTS,
+) -> Analysis:
+    """Diagnose the window between two snapshots; with a profile, replay its traffic in the simulator and
+    withdraw advice the replay contradicts."""
+    measured = window(earlier, later)
+    diagnosis = diagnose(measured, settings)
+    if profile is None or not diagnosis.enough_data:
+        return Analysis(measured, diagnosis, None)
+    table = what_if(diagnosis, settings, profile, seconds=what_if_seconds, max_requests=what_if_max_requests)
+    return Analysis(measured, with_what_if(diagnosis, goodput_by_scenario(table)), table)

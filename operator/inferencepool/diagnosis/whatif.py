@@ -1,0 +1,171 @@
+"""What-if on the pool's own traffic: its sketch replayed through the simulator (the same code as
+`inferencepool sim`) as colocated, as deployed, and with the recommended threshold, on the pool's engines.
+
+The sketch comes from what the router and the engines export today: the arrival rate (router requests), the
+prompt-length histogram (router), the mean output length (decode engines' generation tokens per request) and
+the prefix-reuse rate (the engines' prefix-cache hit rate). Prompt and output lengths are drawn independently
+(the router exports no joint histogram yet); arrivals are Poisson; prompts that reuse share leading 512-token
+blocks with one of a few documents, so the simulated engines' prefix caches see that reuse. Every draw comes
+from one seeded generator: the same window gives the same table.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from inferencepool.autoscaler.histogram import Histogram
+from inferencepool.diagnosis.core import Diagnosis, WhatIfRow
+from inferencepool.diagnosis.settings import PoolSettings
+from inferencepool.engine_sim.profiles import EngineProfile
+from inferencepool.sim.cluster import Scenario, simulate
+from inferencepool.sim.report import Slo, summarize
+from inferencepool.sim.workload import MOONCAKE_BLOCK_TOKENS, TraceRequest
+
+SEED: Final = 13
+SHARED_DOCUMENTS: Final = 4  # distinct shared prefixes the reused part of prompts is drawn from
+DEFAULT_SECONDS: Final = 120.0
+DEFAULT_MAX_REQUESTS: Final = 1200
+
+
+@dataclass(frozen=True)
+class TrafficSketch:
+    rate: float  # requests per second
+    prompt: Histogram  # prompt tokens (router)
+    mean_output_tokens: float
+    reuse: float  # share of prompt tokens found in a prefix cache
+
+
+def sketch(diagnosis: Diagnosis) -> TrafficSketch | None:
+    """The traffic sketch of a diagnosed window; None without a prompt histogram or output lengths."""
+    t = diagnosis.traffic
+    if t.prompt is None or t.prompt.count <= 0 or not t.mean_output_tokens or t.rate <= 0:
+        return None
+    reuse = t.reuse_rate if t.reuse_rate is not None else (t.prefix_hit_rate or 0.0)
+    return TrafficSketch(t.rate, t.prompt, t.mean_output_tokens, min(reuse, 0.95))
+
+
+def _draw_prompt(prompt: Histogram, rng: random.Random) -> int:
+    rank = rng.random() * prompt.count
+    lower, previous = 0.0, 0.0
+    for bound, cumulative in zip(prompt.bounds, prompt.counts, strict=True):
+        upper = bound if not math.isinf(bound) else max(2 * lower, 1.0)
+        if cumulative > rank and cumulative > previous:
+            return max(1, round(lower + (upper - lower) * rng.random()))
+        lower, previous = upper, cumulative
+    return max(1, round(lower))
+
+
+def synthetic_trace(
+    traffic: TrafficSketch,
+    *,
+    seconds: float = DEFAULT_SECONDS,
+    max_requests: int = DEFAULT_MAX_REQUESTS,
+    max_model_len: int = 32768,
+    seed: int = SEED,
+) -> list[TraceRequest]:
+    """Requests drawn from the sketch: Poisson arrivals over `seconds` (fewer seconds when that would exceed
+    `max_requests`), prompts from the histogram, exponential output lengths around the mean."""
+    rng = random.Random(seed)
+    span = min(seconds, max_requests / traffic.rate)
+    requests: list[TraceRequest] = []
+    at = 0.0
+    unique = itertools.count(1 << 24)  # block ids no document uses
+    while len(requests) < max_requests:
+        at += rng.expovariate(traffic.rate)
+        if at > span:
+            break
+        output = max(1, round(rng.expovariate(1 / traffic.mean_output_tokens)))
+        output = min(output, max_model_len // 2)
+        prompt = min(_draw_prompt(traffic.prompt, rng), max_model_len - output)
+        blocks: tuple[int, ...] = ()
+        if traffic.reuse > 0:
+            count = math.ceil(prompt / MOONCAKE_BLOCK_TOKENS)
+            shared = min(count, int(traffic.reuse * prompt / MOONCAKE_BLOCK_TOKENS + rng.random()))
+            document = rng.randrange(SHARED_DOCUMENTS)
+            blocks = tuple((document + 1) * 100_000 + i if i < shared else next(unique) for i in range(count))
+        requests.append(TraceRequest(at, prompt, output, blocks))
+    if not requests:
+        requests.append(TraceRequest(0.0, _draw_prompt(traffic.prompt, rng), 1))
+    return requests
+
+
+def scenarios(settings: PoolSettings, diagnosis: Diagnosis) -> list[tuple[str, Scenario]]:
+    """Colocated on every engine; as deployed; with the recommended threshold (or the advised
+    disaggregation), on the same engines."""
+    engines = (
+        settings.prefill_replicas + settings.decode_replicas
+        if settings.disaggregated
+        else (settings.decode_replicas)
+    )
+    rows: list[tuple[str, Scenario]] = [("colocated", Scenario("colocated", "Colocated", 0, engines))]
+    if engines < 2:
+        return rows
+    if settings.disaggregated:
+        policy = "AlwaysDisaggregate" if settings.policy == "AlwaysDisaggregate" else "LengthAware"
+        prefill = settings.prefill_replicas
+        rows.append(
+            (
+                "current",
+                Scenario("current", policy, prefill, engines - prefill, settings.threshold_tokens),  # type: ignore[arg-type]
+            )
+        )
+    else:
+        prefill = 0
+    advice = diagnosis.advice_of("Threshold") or diagnosis.advice_of("Disaggregate")
+    if advice is not None and advice.threshold_tokens is not None:
+        if advice.kind == "Disaggregate":
+            prefill = min(engines - 1, max(1, advice.replicas or 1))
+        elif prefill == 0:
+            return rows
+        rows.append(
+            (
+                "recommended",
+                Scenario("recommended", "LengthAware", prefill, engines - prefill, advice.threshold_tokens),
+            )
+        )
+    return rows
+
+
+def what_if(
+    diagnosis: Diagnosis,
+    settings: PoolSettings,
+    profile: EngineProfile,
+    *,
+    seconds: float = DEFAULT_SECONDS,
+    max_requests: int = DEFAULT_MAX_REQUESTS,
+) -> list[WhatIfRow]:
+    """The table; empty when the window holds no sketch (no prompt histogram, no output lengths)."""
+    traffic = sketch(diagnosis)
+    if traffic is None:
+        return []
+    trace = synthetic_trace(
+        traffic, seconds=seconds, max_requests=max_requests, max_model_len=profile.max_model_len
+    )
+    slo = Slo(settings.ttft_target_ms / 1000, settings.itl_target_ms / 1000)
+    table = []
+    for name, scenario in scenarios(settings, diagnosis):
+        summary = summarize(simulate(scenario, profile, trace), slo)
+        table.append(
+            WhatIfRow(
+                scenario=name,
+                policy=scenario.policy,
+                prefill_replicas=scenario.prefill_replicas,
+                decode_replicas=scenario.decode_replicas,
+                threshold_tokens=scenario.threshold_tokens if scenario.policy == "LengthAware" else None,
+                goodput_rps=summary.goodput_rps,
+                slo_attainment_percent=summary.slo_attainment_percent,
+                ttft_p90_ms=summary.ttft_ms.get("p90"),
+                itl_p90_ms=summary.itl_ms.get("p90"),
+                disaggregated_percent=summary.disaggregated_percent,
+            )
+        )
+    return table
+
+
+def goodput_by_scenario(table: Sequence[WhatIfRow]) -> dict[str, float]:
+    return {row.scenario: row.goodput_rps for row in table}
