@@ -33,10 +33,11 @@ planned, one replica is added (a guard against model error).
 
 Decision: replicas = ceil(demand / capacity) per role; scale up at once (replicas still loading count, since
 the number is a target), scale down one replica per decision when the forecast allows, not within
-`scale_down_delay_seconds` of a scale-up. Bounds: min/max per role, prefill:decode ratio bounds while
-prefill runs, an optional GPU budget across both. Prefill may go to zero (its minReplicas 0): below
-`zero_prefill_below` of one replica's load the prefill pool goes and the decode pods prefill everything
-(colocated), and it comes back above `prefill_back_above`; while it is gone, its demand counts on decode.
+`scale_down_delay_seconds` of a scale-up or of the first decision. Bounds: min/max per role,
+prefill:decode ratio bounds while prefill runs, an optional GPU budget across both. Prefill may go to zero
+(its minReplicas 0): below `zero_prefill_below` of one replica's load the prefill pool goes and the decode
+pods prefill everything (colocated), and it comes back above `prefill_back_above`; while it is gone, its
+demand counts on decode.
 """
 
 from __future__ import annotations
@@ -253,6 +254,9 @@ class Planner:
 
     def decide(self, obs: Observation) -> Plan:
         s = self.settings
+        for state in self._state.values():
+            if state.last_scale_up is None:
+                state.last_scale_up = obs.now  # the first decision: no scale-down before a delay of evidence
         if obs.to_prefill is None or obs.direct is None or obs.generated_tokens is None:
             return self._keep(obs, "router or engine counters missing for this interval")
         interval = max(obs.interval_seconds, 1e-9)

@@ -33,7 +33,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from inferencepool.api.v1alpha1 import POOL_ROLES, Autoscaling, PoolRole, RoutingPolicy
+from inferencepool.autoscaler.capacity import CapacityModel, from_profile
 from inferencepool.autoscaler.histogram import Histogram, Window
+from inferencepool.autoscaler.planner import (
+    Observation,
+    Plan,
+    Planner,
+    PlannerSettings,
+    PoolSignals,
+    RouteLoad,
+)
 from inferencepool.autoscaler.policy import Recommender
 from inferencepool.engine_sim.core import (
     EngineCore,
@@ -50,7 +59,7 @@ from inferencepool.router.config import AdaptiveThresholdConfig, PrefixAffinityC
 from inferencepool.router.pods import EngineRole, Pod, PodSet, PodSpec
 from inferencepool.router.policy import Route, choose_route
 from inferencepool.router.prompt import Prompt
-from inferencepool.router.threshold import SampleWindow, adapt
+from inferencepool.router.threshold import SampleWindow, adapt, percentile
 from inferencepool.router.tokens import EstimateCounter
 from inferencepool.sim.network import Network
 from inferencepool.sim.workload import TraceRequest, prompt_ids
@@ -71,6 +80,18 @@ class PoolAutoscaling:
 
 
 @dataclass(frozen=True)
+class PlannerScaling:
+    """The SLA planner (`autoscaler.planner`) in place of the latency rule: what the runner would feed it
+    every interval, read from the simulated router and engines. The capacity model is seeded from the
+    profile with the prefill role's chunk; `window_seconds` is the latency window of the observed
+    percentiles."""
+
+    settings: PlannerSettings
+    window_seconds: float = 60.0
+    percentile: int = 90
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     policy: RoutingPolicy
@@ -80,10 +101,9 @@ class Scenario:
     adaptive: AdaptiveThresholdConfig | None = None
     autoscaling: PoolAutoscaling | None = None
     prefix_affinity: bool = True
-    prefill_chunk_tokens: int | None = (
-        None  # --max-num-batched-tokens of prefill replicas (profile's if None)
-    )
+    prefill_chunk_tokens: int | None = None  # --max-num-batched-tokens of prefill replicas (None: profile's)
     decode_chunk_tokens: int | None = None  # ... of decode replicas, or of every replica of a Colocated pool
+    planner: PlannerScaling | None = None
 
     def __post_init__(self) -> None:
         for chunk in (self.prefill_chunk_tokens, self.decode_chunk_tokens):
@@ -91,7 +111,14 @@ class Scenario:
                 raise ValueError(f"scenario {self.name}: a prefill chunk must be >= 1 token, got {chunk}")
         if self.decode_replicas < 1:
             raise ValueError(f"scenario {self.name}: needs at least one decode (or colocated) replica")
-        if self.policy != "Colocated" and self.prefill_replicas < 1:
+        if self.autoscaling is not None and self.planner is not None:
+            raise ValueError(
+                f"scenario {self.name}: one autoscaler per pool (the latency rule or the planner)"
+            )
+        if self.planner is not None and self.policy == "Colocated":
+            raise ValueError(f"scenario {self.name}: the planner sizes a P/D pool's two roles")
+        planned_zero = self.planner is not None and self.planner.settings.prefill.min_replicas == 0
+        if self.policy != "Colocated" and self.prefill_replicas < (0 if planned_zero else 1):
             raise ValueError(f"scenario {self.name}: {self.policy} needs at least one prefill replica")
         if self.policy == "Colocated" and (self.prefill_replicas or self.autoscaling):
             raise ValueError(f"scenario {self.name}: a Colocated pool has no prefill replicas to scale")
@@ -196,13 +223,14 @@ class ScenarioResult:
     scaling: list[ScalingEvent]
     engine_steps: int
     preemptions: int
+    plans: list[Plan] = field(default_factory=list)  # the planner's decisions, when it ran
 
 
 Progress = Callable[[str, float, float], None]  # scenario name, virtual time reached, trace span
 
 
 class ClusterSim:
-    _ARRIVAL, _STEP_END, _WAKE, _READY, _AUTOSCALE, _THRESHOLD, _PROGRESS, _TRANSFER = range(8)
+    _ARRIVAL, _STEP_END, _WAKE, _READY, _AUTOSCALE, _THRESHOLD, _PROGRESS, _TRANSFER, _PLAN = range(9)
 
     def __init__(
         self,
@@ -262,6 +290,19 @@ class ClusterSim:
         self.network = Network(latency_s=profile.kv_transfer_latency_s)
         self._reads: dict[str, tuple[Replica, RemoteRead]] = {}
         self._transfer_wake: float | None = None
+        self.plans: list[Plan] = []
+        self._planner: Planner | None = None
+        self._capacity: CapacityModel | None = None
+        if scenario.planner is not None:
+            self._capacity = from_profile(self.profile, self.profiles["prefill"].max_num_batched_tokens)
+            self._planner = Planner(scenario.planner.settings, self._capacity)
+        # what the router and the engines counted since the planner's last decision
+        self._routed: dict[str, list[float]] = {"prefill": [0, 0, 0.0], "direct": [0, 0, 0.0]}
+        self._generated = 0
+        self._itl_sum = 0.0
+        self._itl_count = 0
+        self._busy_seen: dict[str, float] = {}
+        self._direct_ttfts: list[tuple[float, float]] = []  # the router's TTFT of direct requests
 
     def _tuned(self, chunk_tokens: int | None) -> EngineProfile:
         if chunk_tokens is None or chunk_tokens == self.profile.max_num_batched_tokens:
@@ -284,6 +325,8 @@ class ClusterSim:
         if scaling is not None:
             for first in POOL_ROLES:
                 self._push(scaling.settings(first).interval_seconds, self._AUTOSCALE, first)
+        if self.scenario.planner is not None:
+            self._push(self.scenario.planner.settings.interval_seconds, self._PLAN, None)
         if self.scenario.adaptive is not None and self.scenario.policy == "LengthAware":
             self._push(self.scenario.adaptive.interval_seconds, self._THRESHOLD, None)
         if self.progress is not None:
@@ -325,6 +368,11 @@ class ClusterSim:
                 if self._busy():
                     assert self.scenario.adaptive is not None
                     self._push(self.now + self.scenario.adaptive.interval_seconds, self._THRESHOLD, None)
+            elif kind == self._PLAN:
+                self._plan()
+                if self._busy():
+                    assert self.scenario.planner is not None
+                    self._push(self.now + self.scenario.planner.settings.interval_seconds, self._PLAN, None)
             elif kind == self._TRANSFER:
                 if payload == self._transfer_wake:
                     self._transfer_wake = None
@@ -365,6 +413,11 @@ class ClusterSim:
             self.scenario.policy, record.prompt_tokens, self.threshold, self.pods.has_available("prefill")
         )
         record.route = route.value
+        if self._capacity is not None:
+            counts = self._routed["direct" if route is Route.DIRECT else "prefill"]
+            counts[0] += 1
+            counts[1] += record.prompt_tokens
+            counts[2] += self._capacity.prefill_seconds(record.prompt_tokens)
         if route is Route.DISAGGREGATED:
             pod = self._pick("prefill", affinity)
             replica = self.by_engine[pod.name]
@@ -518,16 +571,22 @@ class ClusterSim:
         if event.index == 0:
             replica.ttft.observe(now - replica.engine_arrival[request_id])
         else:
-            replica.itl.observe(now - replica.last_token[request_id])
+            itl = now - replica.last_token[request_id]
+            replica.itl.observe(itl)
+            self._itl_sum += itl
+            self._itl_count += 1
         replica.last_token[request_id] = now
         if replica.role == "prefill":
             assert event.finish_reason is not None
             replica.last_token.pop(request_id, None)
             self._prefill_done(replica, record, event)
             return
+        self._generated += 1
         # the client's stream
         if record.tokens_received == 0:
             record.first_token = now
+            if record.route != "disaggregated" and self._planner is not None:
+                self._direct_ttfts.append((now, now - record.arrival))
         else:
             assert record.last_token is not None
             gap = now - record.last_token
@@ -601,6 +660,90 @@ class ClusterSim:
         if self.timeline and self.timeline[-1][1:] == entry[1:]:
             return
         self.timeline.append(entry)
+
+    def _resize(self, role: PoolRole, members: list[Replica], replicas: int, load_seconds: float) -> None:
+        """Scale a role to `replicas`: new ones load the model; the newest go first, after draining."""
+        current = len(members)
+        if replicas > current:
+            for _ in range(replicas - current):
+                self._add_replica(role, ready_at=self.now + load_seconds)
+        elif replicas < current:
+            # a StatefulSet removes its highest ordinals (the newest pods) first
+            for replica in sorted(members, key=lambda r: r.created)[replicas:]:
+                replica.terminating = True
+                if not replica.ready(self.now):
+                    replica.removed_at = self.now  # still loading the model: nothing to drain
+                self._maybe_remove(replica)
+        self._sync_pods()
+        self._record_replicas()
+
+    def _observed(self, role: PoolRole, window_seconds: float, percentile: float) -> float | None:
+        """The pool's latency percentile over the window, read as the runner reads it (vLLM histograms)."""
+        ready = [r for r in self._members(role) if r.ready(self.now)]
+        window = self.windows[role]
+        for replica in ready:
+            window.add(
+                replica.name, self.now, replica.ttft.scrape() if role == "prefill" else replica.itl.scrape()
+            )
+        window.keep_only({r.name for r in ready})
+        change = window.delta(self.now, window_seconds)
+        return None if change is None else change.quantile(percentile / 100)
+
+    def _plan(self) -> None:
+        planner, scaling = self._planner, self.scenario.planner
+        assert planner is not None and scaling is not None
+        settings = scaling.settings
+        members = {role: self._members(role) for role in POOL_ROLES}
+        ready = {role: [r for r in members[role] if r.ready(self.now)] for role in POOL_ROLES}
+        busy = []
+        for replica in ready["prefill"]:
+            before = self._busy_seen.get(replica.name)
+            self._busy_seen[replica.name] = replica.core.stats.busy_seconds
+            if before is not None:
+                busy.append((replica.core.stats.busy_seconds - before) / settings.interval_seconds)
+        horizon = self.now - scaling.window_seconds
+        self._direct_ttfts = [(t, v) for t, v in self._direct_ttfts if t >= horizon]
+        direct_ttft = (
+            percentile([v for _, v in self._direct_ttfts], scaling.percentile) if self._direct_ttfts else None
+        )
+        decode_ready = ready["decode"]
+        (pp, pt, pw), (dp, dt, dw) = self._routed["prefill"], self._routed["direct"]
+        observation = Observation(
+            now=self.now,
+            interval_seconds=settings.interval_seconds,
+            to_prefill=RouteLoad(int(pp), int(pt), pw),
+            direct=RouteLoad(int(dp), int(dt), dw),
+            generated_tokens=self._generated,
+            prefill=PoolSignals(
+                len(members["prefill"]),
+                len(ready["prefill"]),
+                observed_seconds=self._observed("prefill", scaling.window_seconds, scaling.percentile),
+                busy_fraction=sum(busy) / len(busy) if busy else None,
+            ),
+            decode=PoolSignals(
+                len(members["decode"]),
+                len(decode_ready),
+                observed_seconds=self._observed("decode", scaling.window_seconds, scaling.percentile),
+                mean_itl_seconds=self._itl_sum / self._itl_count if self._itl_count else None,
+                direct_ttft_seconds=direct_ttft,
+                kv_usage=(
+                    sum(r.core.kv_usage for r in decode_ready) / len(decode_ready) if decode_ready else None
+                ),
+            ),
+        )
+        self._routed = {"prefill": [0, 0, 0.0], "direct": [0, 0, 0.0]}
+        self._generated, self._itl_sum, self._itl_count = 0, 0.0, 0
+        plan = planner.decide(observation)
+        self.plans.append(plan)
+        for role, decision in (("prefill", plan.prefill), ("decode", plan.decode)):
+            pool: PoolRole = "prefill" if role == "prefill" else "decode"
+            if decision.replicas != decision.current:
+                self.scaling.append(
+                    ScalingEvent(
+                        self.now, pool, decision.current, decision.replicas, decision.reason, decision.message
+                    )
+                )
+                self._resize(pool, members[pool], decision.replicas, settings.model_load_seconds)
 
     def _autoscale(self, role: PoolRole) -> None:
         scaling = self.scenario.autoscaling
@@ -681,6 +824,7 @@ class ClusterSim:
             scaling=self.scaling,
             engine_steps=sum(r.core.stats.steps for r in self.replicas),
             preemptions=sum(r.core.stats.preemptions for r in self.replicas),
+            plans=self.plans,
         )
 
 

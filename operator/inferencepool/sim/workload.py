@@ -18,10 +18,12 @@ import gzip
 import io
 import json
 import math
-from collections.abc import Iterator, Sequence
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
+from random import Random
 from typing import overload
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -268,3 +270,112 @@ def summary(requests: Sequence[TraceRequest], threshold: int) -> Iterator[str]:
         f"{len(requests)} requests over {span:.0f}s ({len(requests) / max(span, 1e-9):.2f} req/s), "
         f"prompt p50 {prompts[len(prompts) // 2]} tokens, {100 * above / len(prompts):.0f}% >= {threshold}"
     )
+
+
+def _lengths(source: Sequence[TraceRequest]) -> list[TraceRequest]:
+    if not source:
+        raise ValueError("a synthetic load needs a trace to draw prompt and output lengths from")
+    return list(source)
+
+
+def _thinned(
+    rate_at: Callable[[float], float], peak: float, duration: float, random: Random
+) -> Iterator[float]:
+    """Arrival times of a Poisson process of intensity rate_at(t) <= peak (Lewis-Shedler thinning)."""
+    at = 0.0
+    while True:
+        at += random.expovariate(peak)
+        if at >= duration:
+            return
+        if random.random() * peak < rate_at(at):
+            yield at
+
+
+def _draw(times: Iterable[float], source: Sequence[TraceRequest], random: Random) -> list[TraceRequest]:
+    pool = _lengths(source)
+    return [replace(random.choice(pool), arrival=at) for at in times]
+
+
+def diurnal(
+    source: Sequence[TraceRequest],
+    *,
+    duration: float,
+    mean_rate: float,
+    swing: float = 0.7,
+    period: float | None = None,
+    seed: int = 0,
+) -> list[TraceRequest]:
+    """A day compressed into `period` (default: the whole duration): Poisson arrivals at
+    mean_rate x (1 - swing x cos(2 pi t / period)), quietest at the start and end, busiest in the middle.
+    Each request's (prompt, output) pair, and Mooncake blocks, are drawn from the source trace."""
+    if duration <= 0 or mean_rate <= 0 or not 0 <= swing < 1:
+        raise ValueError("a diurnal load needs duration > 0, mean_rate > 0 and 0 <= swing < 1")
+    cycle = period or duration
+    random = Random(seed)
+
+    def rate_at(t: float) -> float:
+        return mean_rate * (1 - swing * math.cos(2 * math.pi * t / cycle))
+
+    return _draw(_thinned(rate_at, mean_rate * (1 + swing), duration, random), source, random)
+
+
+def bursty(
+    source: Sequence[TraceRequest],
+    *,
+    duration: float,
+    base_rate: float,
+    burst_rate: float,
+    burst_seconds: float = 60.0,
+    mean_gap_seconds: float = 600.0,
+    seed: int = 0,
+) -> list[TraceRequest]:
+    """Poisson arrivals at base_rate, with bursts at burst_rate lasting burst_seconds whose starts are
+    themselves Poisson, mean_gap_seconds apart (an on/off modulated process). Lengths drawn as in diurnal."""
+    if (
+        duration <= 0
+        or base_rate <= 0
+        or burst_rate < base_rate
+        or burst_seconds <= 0
+        or mean_gap_seconds <= 0
+    ):
+        raise ValueError(
+            "a bursty load needs duration, base_rate, burst_seconds and mean_gap_seconds > 0 and "
+            "burst_rate >= base_rate"
+        )
+    random = Random(seed)
+    bursts: list[float] = []
+    at = random.expovariate(1 / mean_gap_seconds)
+    while at < duration:
+        bursts.append(at)
+        at += burst_seconds + random.expovariate(1 / mean_gap_seconds)
+
+    def rate_at(t: float) -> float:
+        index = bisect_right(bursts, t) - 1
+        return burst_rate if index >= 0 and t < bursts[index] + burst_seconds else base_rate
+
+    return _draw(_thinned(rate_at, burst_rate, duration, random), source, random)
+
+
+def superpose(
+    requests: Sequence[TraceRequest], copies: int, shift_seconds: float = 0.0
+) -> list[TraceRequest]:
+    """`copies` copies of a trace at once (copy k shifted k x shift_seconds later, cut to the original
+    span): the same shape over time at `copies` times the load. Mooncake blocks get ids of their own per copy,
+    so copies share no content (the block id space is shifted past the trace's largest id)."""
+    if copies < 1 or shift_seconds < 0:
+        raise ValueError("copies must be >= 1 and shift_seconds >= 0")
+    if not requests:
+        return []
+    span = max(r.arrival for r in requests)
+    offset = 1 + max((max(r.block_ids, default=0) for r in requests), default=0)
+    merged = [
+        replace(
+            r,
+            arrival=r.arrival + copy * shift_seconds,
+            block_ids=tuple(b + copy * offset for b in r.block_ids),
+        )
+        for copy in range(copies)
+        for r in requests
+        if r.arrival + copy * shift_seconds <= span
+    ]
+    return sorted(merged, key=lambda r: r.arrival)

@@ -1,0 +1,200 @@
+"""Searches over simulations: DistServe goodput, the best P:D split, the static-peak pool.
+
+Goodput as DistServe defines it: the highest request rate at which at least `target` of the requests meet
+both the TTFT and the ITL (time per output token) SLO. The trace is replayed x times faster: x doubles (or
+halves) until attainment crosses the target, then bisects between the last rate that held and the first that
+did not. Real traces are bursty, so attainment is not strictly monotone in x; the search reports the rate it
+found and every probe it made, so a reader can see the curve. Per GPU divides by the layout's GPUs.
+
+Static peak: the smallest fixed layout (prefill replicas : decode replicas, prefill 0 meaning a colocated
+pool) that holds `target` attainment in every window of the trace (5 minutes by default), i.e. sized for the
+peak, as an operator without autoscaling would size it. Static min is the smallest layout whose attainment
+over the whole trace reaches the target: an oracle that knows the trace and accepts missing the peak.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from inferencepool.engine_sim.profiles import EngineProfile
+from inferencepool.sim.cluster import Scenario, ScenarioResult, simulate
+from inferencepool.sim.report import Slo
+from inferencepool.sim.workload import TraceRequest, shape
+
+
+@dataclass(frozen=True)
+class Probe:
+    speedup: float  # the trace replayed this many times faster
+    requests_per_second: float
+    attainment: float  # fraction of requests meeting both SLOs
+
+
+@dataclass(frozen=True)
+class Goodput:
+    scenario: str
+    gpus: int
+    speedup: float  # the fastest replay found to hold the target (0: none did)
+    requests_per_second: float
+    probes: tuple[Probe, ...]
+
+    @property
+    def per_gpu(self) -> float:
+        return self.requests_per_second / self.gpus if self.gpus else 0.0
+
+
+def attainment(result: ScenarioResult, slo: Slo) -> float:
+    return sum(slo.met(r) for r in result.records) / len(result.records)
+
+
+def window_attainment(result: ScenarioResult, slo: Slo, window_seconds: float) -> list[float]:
+    """Attainment of the requests arriving in each window of the trace (windows with no arrival skipped)."""
+    start = result.records[0].arrival
+    met: dict[int, list[int]] = {}
+    for record in result.records:
+        counts = met.setdefault(int((record.arrival - start) // window_seconds), [0, 0])
+        counts[0] += slo.met(record)
+        counts[1] += 1
+    return [good / total for _, (good, total) in sorted(met.items())]
+
+
+def gpus(scenario: Scenario, profile: EngineProfile) -> int:
+    return (scenario.prefill_replicas + scenario.decode_replicas) * profile.tensor_parallel
+
+
+def _rate(trace: Sequence[TraceRequest]) -> float:
+    span = max(trace[-1].arrival - trace[0].arrival, 1e-9)
+    return len(trace) / span
+
+
+def goodput(
+    scenario: Scenario,
+    profile: EngineProfile,
+    trace: Sequence[TraceRequest],
+    slo: Slo,
+    *,
+    target: float = 0.9,
+    start: float = 1.0,
+    bisections: int = 4,
+    max_doublings: int = 8,
+    kv_link_bytes_per_s: float | None = None,
+) -> Goodput:
+    if not 0 < target <= 1:
+        raise ValueError(f"target attainment must be within (0, 1], got {target}")
+    base = _rate(trace)
+    probes: list[Probe] = []
+
+    def holds(speedup: float) -> bool:
+        replay = shape(trace, rate=speedup)
+        result = simulate(scenario, profile, replay, kv_link_bytes_per_s=kv_link_bytes_per_s)
+        share = attainment(result, slo)
+        probes.append(Probe(speedup, base * speedup, share))
+        return share >= target
+
+    low, high = 0.0, math.inf
+    x = start
+    if holds(x):
+        low = x
+        for _ in range(max_doublings):
+            x *= 2
+            if not holds(x):
+                high = x
+                break
+            low = x
+    else:
+        high = x
+        for _ in range(max_doublings):
+            x /= 2
+            if holds(x):
+                low = x
+                break
+            high = x
+    if low > 0 and math.isfinite(high):
+        for _ in range(bisections):
+            middle = (low + high) / 2
+            if holds(middle):
+                low = middle
+            else:
+                high = middle
+    probes.sort(key=lambda p: p.speedup)
+    return Goodput(scenario.name, gpus(scenario, profile), low, base * low, tuple(probes))
+
+
+def best_split(
+    layout: Callable[[int, int], Scenario],
+    total_replicas: int,
+    profile: EngineProfile,
+    trace: Sequence[TraceRequest],
+    slo: Slo,
+    *,
+    target: float = 0.9,
+    kv_link_bytes_per_s: float | None = None,
+) -> tuple[Goodput, list[Goodput]]:
+    """Goodput of layout(prefill, decode) for every split of `total_replicas` with one replica or more per
+    pool; the best first, then all of them by prefill count."""
+    if total_replicas < 2:
+        raise ValueError("a P:D split needs at least 2 replicas")
+    every = [
+        goodput(
+            layout(p, total_replicas - p),
+            profile,
+            trace,
+            slo,
+            target=target,
+            kv_link_bytes_per_s=kv_link_bytes_per_s,
+        )
+        for p in range(1, total_replicas)
+    ]
+    return max(every, key=lambda g: g.requests_per_second), every
+
+
+@dataclass(frozen=True)
+class Sized:
+    """One static layout tried by the static-peak search."""
+
+    prefill: int
+    decode: int
+    attainment: float
+    worst_window: float
+    gpu_seconds: float
+    result: ScenarioResult
+
+
+def static_sizes(
+    layout: Callable[[int, int], Scenario],
+    profile: EngineProfile,
+    trace: Sequence[TraceRequest],
+    slo: Slo,
+    *,
+    target: float = 0.9,
+    window_seconds: float = 300.0,
+    max_replicas: int = 16,
+    kv_link_bytes_per_s: float | None = None,
+) -> tuple[Sized | None, Sized | None, list[Sized]]:
+    """(static peak, static min, every layout tried). For each prefill count (0 = colocated) the decode pool
+    grows until the peak window holds or the replicas run out; a prefill count stops once it cannot beat the
+    smallest peak layout found so far."""
+    tried: list[Sized] = []
+
+    def run(prefill: int, decode: int) -> Sized:
+        result = simulate(layout(prefill, decode), profile, trace, kv_link_bytes_per_s=kv_link_bytes_per_s)
+        windows = window_attainment(result, slo, window_seconds)
+        sized = Sized(prefill, decode, attainment(result, slo), min(windows), result.gpu_seconds, result)
+        tried.append(sized)
+        return sized
+
+    best_peak: Sized | None = None
+    for prefill in range(0, max_replicas):
+        if best_peak is not None and prefill + 1 >= best_peak.prefill + best_peak.decode:
+            break
+        for decode in range(1, max_replicas - prefill + 1):
+            if best_peak is not None and prefill + decode >= best_peak.prefill + best_peak.decode:
+                break
+            sized = run(prefill, decode)
+            if sized.worst_window >= target:
+                best_peak = sized
+                break
+    held = [s for s in tried if s.attainment >= target]
+    smallest = min(held, key=lambda s: (s.prefill + s.decode, -s.attainment), default=None)
+    return best_peak, smallest, tried

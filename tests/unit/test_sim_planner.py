@@ -1,0 +1,76 @@
+"""The planner in the simulator: what the runner would feed it, read from simulated router and engines; a
+load step scales the pool up ahead of its target, prefill goes to zero when nothing needs it and comes back
+when long prompts arrive, and every decision is kept with its figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferencepool.autoscaler.planner import PREFILL_BACK, PREFILL_TO_ZERO, PlannerSettings, RoleBounds
+from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.sim.cluster import PlannerScaling, Scenario, simulate
+from inferencepool.sim.workload import TraceRequest
+
+H100 = get_profile("llama-3.1-8b-h100")
+
+
+def planned(prefill_min: int, load: float = 20.0) -> PlannerScaling:
+    return PlannerScaling(
+        PlannerSettings(
+            ttft_target_seconds=0.8,
+            itl_target_seconds=0.04,
+            prefill=RoleBounds(prefill_min, 4),
+            decode=RoleBounds(1, 4),
+            model_load_seconds=load,
+            interval_seconds=5,
+            scale_down_delay_seconds=10,
+            peak_seconds=20,
+            trend_seconds=30,
+        ),
+        window_seconds=10,
+    )
+
+
+def test_a_load_step_scales_decode_up_and_back_down() -> None:
+    quiet = [TraceRequest(i * 1.0, 500, 50) for i in range(30)]
+    busy = [TraceRequest(30 + i * 0.02, 1500, 300) for i in range(1500)]
+    after = [TraceRequest(70 + i * 2.0, 500, 20) for i in range(60)]
+    scenario = Scenario("plan", "LengthAware", 1, 1, 4096, planner=planned(1))
+    result = simulate(scenario, H100, quiet + busy + after)
+    assert all(r.completed and r.finishes == 1 for r in result.records)
+    ups = [e for e in result.scaling if e.role == "decode" and e.replicas > e.from_replicas]
+    downs = [e for e in result.scaling if e.role == "decode" and e.replicas < e.from_replicas]
+    assert ups and 30 <= ups[0].time <= 45  # within the first intervals of the step
+    assert downs and downs[-1].time > ups[-1].time
+    assert all(e.from_replicas - e.replicas == 1 for e in downs)  # one step at a time
+    assert result.plans and "engine-s/s" in result.plans[-1].decode.message
+    first = next(p for p in result.plans if p.now == ups[0].time)
+    assert first.decode.forecast > first.decode.capacity_per_replica  # sized from demand, not latency
+
+
+def test_prefill_goes_to_zero_and_comes_back_for_long_prompts() -> None:
+    short = [TraceRequest(i * 0.5, 600, 30) for i in range(120)]
+    long = [TraceRequest(60 + i * 0.25, 12000, 10) for i in range(240)]
+    scenario = Scenario("plan", "LengthAware", 1, 2, 4096, planner=planned(0))
+    result = simulate(scenario, H100, short + long)
+    assert all(r.completed and r.finishes == 1 for r in result.records)
+    prefill = [e for e in result.scaling if e.role == "prefill"]
+    assert prefill[0].reason == PREFILL_TO_ZERO and prefill[0].replicas == 0
+    back = next(e for e in prefill if e.reason == PREFILL_BACK)
+    assert back.time > 60
+    # while the prefill pool was gone, long prompts fell back to the decode pods; once back they disaggregate
+    routes = {r.route for r in result.records[120:]}
+    assert {"fallback", "disaggregated"} <= routes
+    assert result.records[-1].route == "disaggregated"
+
+
+def test_planner_and_latency_rule_are_exclusive() -> None:
+    from inferencepool.sim.compare import Budget, build_scenarios
+    from inferencepool.sim.report import Slo
+
+    [rule] = build_scenarios(Budget(replicas=2, prefill_replicas=1), Slo(0.8, 0.04), ["autoscaled"])
+    with pytest.raises(ValueError, match="one autoscaler per pool"):
+        Scenario("both", "LengthAware", 1, 1, autoscaling=rule.autoscaling, planner=planned(1))
+    with pytest.raises(ValueError, match="needs at least one prefill replica"):
+        Scenario("zero", "LengthAware", 0, 1, planner=planned(1))
+    assert Scenario("zero", "LengthAware", 0, 1, planner=planned(0)).prefill_replicas == 0
