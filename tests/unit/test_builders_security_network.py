@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from tests.unit.builders_examples import load_pool
 
 from inferencepool.api import labels
 from inferencepool.builders import lmcache, pool_children
 from inferencepool.builders.network import OPERATOR_POD_LABELS
-from tests.unit.builders_examples import load_pool
 
 NAMESPACE = "prod"  # builders_examples puts the pools there
 ENGINE_HTTP, NIXL = 8000, 5600

@@ -581,8 +581,8 @@ class RouterSpec(SpecModel):
 
 
 class NetworkPolicySpec(SpecModel):
-    """NetworkPolicies that let only the pool's own pods reach its engines' HTTP ports and side channels (NIXL,
-    LMCache) and the LMCache controller; the router's HTTP port stays open to every client."""
+    """NetworkPolicies that let only the pool's own pods reach its engines' HTTP ports and side channels
+    (NIXL, LMCache) and the LMCache controller; the router's HTTP port stays open to every client."""
 
     enabled: bool = Field(
         default=False,
