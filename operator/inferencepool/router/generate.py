@@ -3,6 +3,7 @@ transfer mode's prefill leg when disaggregated, then the decode leg and its rela
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 
@@ -11,15 +12,18 @@ import orjson
 from inferencepool.router.adaptive import AdaptiveThreshold
 from inferencepool.router.calibration import Calibrator
 from inferencepool.router.config import RouterConfig
+from inferencepool.router.errors import UpstreamError
 from inferencepool.router.http1 import Reply, Request
 from inferencepool.router.legs import Legs
 from inferencepool.router.metrics import RouterMetrics
 from inferencepool.router.pods import Pod
 from inferencepool.router.policy import Route, choose_route
 from inferencepool.router.prompt import BadRequest, Endpoint, read_prompt
-from inferencepool.router.relay import Relay
+from inferencepool.router.relay import NothingSent, Relay
 from inferencepool.router.tokens import TokenCounter
 from inferencepool.router.transfer import ClientRequest, Transfer
+
+log = logging.getLogger("inferencepool.router")
 
 
 class Orchestrator:
@@ -84,15 +88,74 @@ class Orchestrator:
                 decode_affinity = None
             if handoff is not None:
                 decode_pod = handoff.pod
-        self.metrics.requests_by_route[route].inc()
-        async with self.legs.open(
-            "decode",
-            request.path,
+        if route is Route.DISAGGREGATED:
+            try:
+                await self._decode(
+                    request, reply, route, prompt.stream, decode_payload, headers, None, decode_pod, started
+                )
+                return
+            except NothingSent as failure:
+                # Nothing reached the client (the KV source died, the transfer failed): serve it whole.
+                log.warning("decode leg after a KV transfer failed, serving colocated: %s", failure)
+                self.metrics.fallbacks.labels("decode_leg_failed").inc()
+                route, decode_payload, decode_affinity, decode_pod = Route.FALLBACK, raw, affinity, None
+        await self._decode(
+            request,
+            reply,
+            route,
+            prompt.stream,
             decode_payload,
             headers,
             decode_affinity,
-            prompt.stream,
-            self.config.timeouts.first_byte_seconds,
             decode_pod,
-        ) as leg:
-            await self.relay.send(reply, leg, route, prompt.stream, started)
+            started,
+        )
+
+    async def _decode(
+        self,
+        request: Request,
+        reply: Reply,
+        route: Route,
+        stream: bool,
+        payload: bytes,
+        headers: list[tuple[str, str]],
+        affinity: int | None,
+        pod: Pod | None,
+        started: float,
+    ) -> None:
+        """The decode leg and its relay, counted under `route`.
+
+        On the disaggregated route a failure before anything reached the client that another try could
+        mend (an error answer or event, a dropped connection, pods that answered 5xx) raises NothingSent
+        uncounted, for the caller to serve the request colocated; no decode pod (503) or a hung one (504)
+        would fare no better, so those are final.
+        """
+        retriable = route is Route.DISAGGREGATED
+        if not retriable:
+            self.metrics.requests_by_route[route].inc()
+        try:
+            async with self.legs.open(
+                "decode",
+                request.path,
+                payload,
+                headers,
+                affinity,
+                stream,
+                self.config.timeouts.first_byte_seconds,
+                pod,
+            ) as leg:
+                await self.relay.send(reply, leg, route, stream, started, retriable)
+        except NothingSent:
+            raise
+        except UpstreamError as failure:
+            if retriable and failure.status == 502:
+                raise NothingSent(str(failure)) from failure
+            if retriable:
+                self.metrics.requests_by_route[route].inc()
+            raise
+        except BaseException:
+            if retriable:
+                self.metrics.requests_by_route[route].inc()
+            raise
+        if retriable:
+            self.metrics.requests_by_route[route].inc()

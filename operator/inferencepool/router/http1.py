@@ -617,6 +617,11 @@ class UpstreamResponse:
             return
         self._conn.fail(UpstreamFailure("timeout", f"the engine sent nothing for {self._idle_seconds:g} s"))
 
+    def abort(self, reason: str) -> None:
+        """Stop the exchange: a `relay` or `body` in progress fails (kind protocol) and the connection is
+        dropped, so the engine aborts the request."""
+        self._conn.fail(UpstreamFailure("protocol", reason))
+
     def pause(self) -> None:
         if self._conn.transport is not None and not self._conn.lost:
             self._conn.transport.pause_reading()
