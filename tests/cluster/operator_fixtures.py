@@ -15,7 +15,7 @@ from tests.support.cluster import eventually
 from inferencepool.api import labels
 from inferencepool.api.v1alpha1 import API_VERSION
 from inferencepool.builders import CHILD_KINDS
-from inferencepool.controller.handlers import OperatorState
+from inferencepool.controller.context import OperatorContext
 from inferencepool.controller.runtime import operator_in_thread
 from inferencepool.kube import Kube, load_configuration
 
@@ -86,7 +86,7 @@ def gpu_nodes_labelled(cluster: TestCluster) -> None:
 
 
 @pytest.fixture
-def operator(crd_installed: None, operator_kubeconfig: Path, namespace: str) -> Iterator[OperatorState]:
+def operator(crd_installed: None, operator_kubeconfig: Path, namespace: str) -> Iterator[OperatorContext]:
     with operator_in_thread(str(operator_kubeconfig), [namespace], retry_seconds=2.0) as state:
         yield state
 

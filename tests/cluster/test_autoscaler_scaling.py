@@ -23,7 +23,7 @@ from tests.cluster.operator_fixtures import (
 from tests.support.cluster import eventually
 
 from inferencepool.api import labels
-from inferencepool.controller.handlers import OperatorState
+from inferencepool.controller.context import OperatorContext
 from inferencepool.kube import Kube
 from inferencepool.kube.fields import replicas_managers
 
@@ -88,7 +88,7 @@ def scaling_limited(kube: Kube, namespace: str) -> dict[str, Any] | None:
 
 
 def test_decode_pool_scales_on_its_itl_up_to_max_then_back_down(
-    cluster: TestCluster, operator: OperatorState, admin_kube: Kube, namespace: str, load: threading.Event
+    cluster: TestCluster, operator: OperatorContext, admin_kube: Kube, namespace: str, load: threading.Event
 ) -> None:
     document = example("demo-cpu.yaml")
     document["metadata"] = {"name": POOL, "namespace": namespace}
@@ -166,7 +166,7 @@ def test_decode_pool_scales_on_its_itl_up_to_max_then_back_down(
 
 
 def test_pods_the_scheduler_cannot_place_are_reported_as_scaling_limited(
-    cluster: TestCluster, operator: OperatorState, admin_kube: Kube, namespace: str
+    cluster: TestCluster, operator: OperatorContext, admin_kube: Kube, namespace: str
 ) -> None:
     document = example("demo-cpu.yaml")
     document["metadata"] = {"name": POOL, "namespace": namespace}

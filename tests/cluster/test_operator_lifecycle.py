@@ -25,7 +25,7 @@ from tests.cluster.operator_fixtures import (
 from tests.support.cluster import eventually
 
 from inferencepool.api import labels
-from inferencepool.controller.handlers import OperatorState
+from inferencepool.controller.context import OperatorContext
 from inferencepool.controller.runtime import operator_in_thread
 from inferencepool.kube import Kube
 from inferencepool.kube.fields import replicas_managers
@@ -245,7 +245,7 @@ def run_gpu_example(
 
 
 def test_missing_secret_is_degraded_by_name_then_recovers(
-    cluster: TestCluster, operator: OperatorState, admin_kube: Kube, namespace: str
+    cluster: TestCluster, operator: OperatorContext, admin_kube: Kube, namespace: str
 ) -> None:
     document = example("demo-cpu.yaml")
     document["spec"]["model"]["tokenSecret"] = {"name": "hf-token", "key": "HF_TOKEN"}
@@ -281,7 +281,7 @@ def test_missing_secret_is_degraded_by_name_then_recovers(
 
 
 def test_a_child_deleted_by_hand_comes_back(
-    cluster: TestCluster, operator: OperatorState, admin_kube: Kube, namespace: str
+    cluster: TestCluster, operator: OperatorContext, admin_kube: Kube, namespace: str
 ) -> None:
     document = example("demo-cpu.yaml")
     document["spec"]["engine"]["image"] = "vllm/vllm-openai:v0.33.0"

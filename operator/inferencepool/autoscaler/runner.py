@@ -1,15 +1,17 @@
-"""The autoscaler's shell, inside the operator: one task per autoscaled pool.
+"""The autoscaler's shell: the scaling loop of one pool, stepped by the operator's per-pool daemon.
 
 Every interval, for each role that autoscales: list the role's ready pods, scrape each one's /metrics (the
 engine's own Prometheus page: no Prometheus server needed), difference the latency histogram over the window,
-decide (policy.py), and write what changed:
+decide (policy.py), and act on the decision:
 
 - the StatefulSet's spec.replicas, by server-side apply under labels.AUTOSCALER_FIELD_MANAGER (the operator
   renders autoscaled StatefulSets without replicas, so the two managers never fight);
-- the pool's status: observed latency, the last scaling decision, and the ScalingLimited condition, applied
-  on the status subresource under the same manager. Server-side apply removes fields a manager stops sending,
-  so every write carries all of the autoscaler's status fields, for both roles;
-- an Event for every scaling and for ScalingLimited turning on.
+- an Event for every scaling.
+
+It also reads the routers' own metrics (share of requests through the prefill pool, the threshold in force),
+for every pool. What it learnt is handed to the operator's status composer through two pure readers:
+`status_document()` (figures) and `scaling_limited()` (the ScalingLimited condition's value); the operator
+writes the status, once, with everything else.
 
 Scrape failures leave a pod out of that tick (its metrics are still counted when it answers again); a pool
 whose metrics cannot be read at all keeps its replica count.
@@ -29,15 +31,7 @@ import aiohttp
 
 from inferencepool.api import labels
 from inferencepool.api.pods import http_url, is_ready
-from inferencepool.api.v1alpha1 import (
-    API_VERSION,
-    CONDITION_SCALING_LIMITED,
-    POOL_ROLES,
-    Autoscaling,
-    InferencePool,
-    PoolRole,
-    ScalingDecision,
-)
+from inferencepool.api.v1alpha1 import POOL_ROLES, Autoscaling, InferencePool, PoolRole, ScalingDecision
 from inferencepool.autoscaler.histogram import (
     ITL_METRIC,
     TTFT_METRIC,
@@ -51,7 +45,10 @@ from inferencepool.autoscaler.histogram import (
     read_histogram,
 )
 from inferencepool.autoscaler.policy import Decision, Recommender
-from inferencepool.kube import Kube, KubeError
+from inferencepool.builders.common import PoolRef, engine_name, selector_labels
+from inferencepool.kube import Kube
+from inferencepool.kube.fields import replicas_document
+from inferencepool.kube.objects import label_selector, pool_reference
 
 log = logging.getLogger("inferencepool.autoscaler")
 
@@ -65,8 +62,17 @@ ROUTES = ("direct", "disaggregated", "fallback")
 ROUTER_INTERVAL_SECONDS = 15.0
 ROUTER_WINDOW_SECONDS = 60.0
 
-# (pool uid, event type, reason, message) -> posted; the operator passes kopf.event through this.
+# (the pool's object reference, event type, reason, message) -> posted; the operator passes kopf.event.
 EventSink = Callable[[dict[str, Any], str, str, str], None]
+
+
+@dataclass(frozen=True)
+class ScalingLimits:
+    """The ScalingLimited condition's value: whether a pool cannot get the replicas its target needs."""
+
+    limited: bool
+    reason: str  # PodsUnschedulable, AtMaxReplicas or WithinLimits
+    message: str
 
 
 @dataclass
@@ -81,7 +87,8 @@ class _Role:
 
 
 class PoolAutoscaler:
-    """The autoscaler of one InferencePool. `update` hands it a new spec; `run` loops until cancelled."""
+    """The autoscaler of one InferencePool. `update` hands it a new spec; `tick` runs what is due (the
+    operator's daemon calls it again after `seconds_to_next()`)."""
 
     def __init__(
         self,
@@ -99,10 +106,6 @@ class PoolAutoscaler:
         self._clock = clock
         self._wall_clock = wall_clock
         self._roles: dict[PoolRole, _Role] = {}
-        # ScalingLimited as last written: its status and when it took it (kept across operator restarts).
-        self._limited: bool | None = None
-        self._transition = wall_clock()
-        self._written: dict[str, Any] | None = None
         self._routes: Window[Counts] = Window()
         self._router_due = 0.0
         self.disaggregated_percent: int | None = None
@@ -124,19 +127,26 @@ class PoolAutoscaler:
         autoscaling = self.pool.spec.pool(role).autoscaling
         return autoscaling if autoscaling is not None and autoscaling.enabled else None
 
+    @property
+    def ref(self) -> PoolRef:
+        return PoolRef(self.name, self.namespace, str(self.pool.metadata.get("uid", "")))
+
     def _restore(self, pool: InferencePool) -> None:
-        """After an operator restart: keep the last decisions already in status (they are still true)."""
+        """After an operator restart: keep the last decisions and readings already in status (they are the
+        best there is until a new window is read), so a restart rewrites nothing."""
         status = pool.status
         if status is None:
             return
         for role in POOL_ROLES:
             figures = getattr(status, role)
-            if figures is not None and figures.last_scaling is not None:
-                self._roles.setdefault(role, _Role()).last_scaling = figures.last_scaling
-        condition = status.condition(CONDITION_SCALING_LIMITED)
-        if condition is not None:
-            self._limited = condition.status == "True"
-            self._transition = condition.last_transition_time
+            if figures is not None and self.settings(role) is not None:
+                state = self._roles.setdefault(role, _Role())
+                state.last_scaling = figures.last_scaling
+                state.observed_milliseconds = figures.observed_milliseconds
+        if status.router is not None:
+            self.disaggregated_percent = status.router.disaggregated_percent
+            if pool.spec.router.adaptive_threshold.enabled:
+                self.threshold_tokens = status.router.prefill_threshold_tokens
 
     def seconds_to_next(self) -> float:
         """Until the earliest role is due (at most 1 s, so a spec change is picked up quickly)."""
@@ -144,20 +154,9 @@ class PoolAutoscaler:
         dues = [self._roles[r].due for r in POOL_ROLES if self.settings(r) is not None and r in self._roles]
         return max(0.05, min([1.0, self._router_due - now, *[due - now for due in dues]]))
 
-    async def run(self) -> None:
-        while True:
-            try:
-                await self.tick()
-            except asyncio.CancelledError:
-                raise
-            except KubeError as error:
-                log.warning("autoscaler %s/%s: %s", self.namespace, self.name, error)
-            except Exception:  # one bad round must not stop autoscaling this pool
-                log.exception("autoscaler %s/%s: round failed", self.namespace, self.name)
-            await asyncio.sleep(self.seconds_to_next())
-
     async def tick(self) -> None:
-        """Decide for every role that is due; write replicas, status and events."""
+        """Decide for every role that is due; write replicas and post events. Raises KubeError when the API
+        server cannot be read (the caller logs it and tries again next time)."""
         now = self._clock()
         for role in POOL_ROLES:
             settings = self.settings(role)
@@ -165,30 +164,38 @@ class PoolAutoscaler:
                 self._roles.pop(role, None)
                 continue
             state = self._roles.setdefault(role, _Role())
-            if now < state.due:
-                continue
-            state.due = now + settings.interval_seconds
-            decision = await self._decide(role, state, settings, now)
-            if decision is None:
-                continue
-            state.limited = decision.message if decision.limited(settings) else None
-            current = decision.current
-            if decision.replicas != current:
-                await asyncio.to_thread(self._scale, role, decision.replicas)
-                state.last_scaling = ScalingDecision(
-                    from_replicas=current,
-                    replicas=decision.replicas,
-                    reason=decision.reason,
-                    message=decision.message,
-                    time=self._wall_clock(),
-                )
-                direction = "ScaledUp" if decision.replicas > current else "ScaledDown"
-                self._post_event(self._ref(), "Normal", direction, f"{role}: {decision.message}")
+            if now >= state.due:
+                state.due = now + settings.interval_seconds
+                await self._step(role, state, settings, now)
         if now >= self._router_due:
             interval, window = self._router_timing()
             self._router_due = now + interval
             await self._observe_router(now, window)
-        await asyncio.to_thread(self._write_status)
+
+    async def _step(self, role: PoolRole, state: _Role, settings: Autoscaling, now: float) -> None:
+        """One decision for one role, and the scaling it asks for."""
+        decided = await self._decide(role, state, settings, now)
+        if decided is None:
+            return
+        workload, decision = decided
+        state.limited = decision.message if decision.limited(settings) else None
+        current = decision.current
+        if decision.replicas == current:
+            return
+        await asyncio.to_thread(
+            self.kube.apply, replicas_document(workload, decision.replicas), labels.AUTOSCALER_FIELD_MANAGER
+        )
+        state.last_scaling = ScalingDecision(
+            from_replicas=current,
+            replicas=decision.replicas,
+            reason=decision.reason,
+            message=decision.message,
+            time=self._wall_clock(),
+        )
+        direction = "ScaledUp" if decision.replicas > current else "ScaledDown"
+        self._post_event(
+            pool_reference(self.pool.metadata), "Normal", direction, f"{role}: {decision.message}"
+        )
 
     def _router_timing(self) -> tuple[float, float]:
         """The router is read as often, and over as long, as the pools are (the shortest of them)."""
@@ -227,9 +234,10 @@ class PoolAutoscaler:
 
     async def _decide(
         self, role: PoolRole, state: _Role, settings: Autoscaling, now: float
-    ) -> Decision | None:
+    ) -> tuple[dict[str, Any], Decision] | None:
+        """The role's StatefulSet as read, and the decision on its replicas (None: nothing to decide on)."""
         workload = await asyncio.to_thread(
-            self.kube.get, "apps/v1", "StatefulSet", self.namespace, f"{self.name}-{role}"
+            self.kube.get, "apps/v1", "StatefulSet", self.namespace, engine_name(self.ref, role)
         )
         if workload is None:
             return None  # not created yet
@@ -260,10 +268,10 @@ class PoolAutoscaler:
         state.observed_milliseconds = None if observed is None else round(observed * 1000)
         target = self.pool.spec.target_milliseconds(role)
         assert target is not None  # autoscaling is on, so the spec rules require the role's target
-        return state.recommender.decide(now, current, ready, observed, target, settings, label)
+        return workload, state.recommender.decide(now, current, ready, observed, target, settings, label)
 
-    async def _pods(self, role: str) -> list[dict[str, Any]]:
-        selector = f"{labels.LABEL_POOL}={self.name},{labels.LABEL_ROLE}={role}"
+    async def _pods(self, role: labels.Role) -> list[dict[str, Any]]:
+        selector = label_selector(selector_labels(self.ref, role))
         return await asyncio.to_thread(self.kube.list, "v1", "Pod", self.namespace, selector)
 
     async def _scrape_ready(self, pods: list[dict[str, Any]]) -> tuple[set[str], list[tuple[str, str]]]:
@@ -287,28 +295,8 @@ class PoolAutoscaler:
         except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
             return None
 
-    def _scale(self, role: PoolRole, replicas: int) -> None:
-        document = {
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": {"name": f"{self.name}-{role}", "namespace": self.namespace},
-            "spec": {"replicas": replicas},
-        }
-        self.kube.apply(document, labels.AUTOSCALER_FIELD_MANAGER)
-
-    def _ref(self) -> dict[str, Any]:
-        return {
-            "apiVersion": API_VERSION,
-            "kind": labels.KIND,
-            "metadata": {
-                "name": self.name,
-                "namespace": self.namespace,
-                "uid": self.pool.metadata.get("uid"),
-            },
-        }
-
     def status_document(self) -> dict[str, Any]:
-        """Every status field the autoscaler owns, for both roles."""
+        """Every status figure the autoscaler learnt, for both roles and the router (pure: reads only)."""
         status: dict[str, Any] = {}
         for role in POOL_ROLES:
             state = self._roles.get(role)
@@ -328,85 +316,21 @@ class PoolAutoscaler:
             router["prefillThresholdTokens"] = self.threshold_tokens
         if router:
             status["router"] = router
+        return status
+
+    def scaling_limited(self) -> ScalingLimits | None:
+        """Whether a role wants more replicas than it can get (None when nothing autoscales; pure)."""
         if not self._roles:
-            return status  # nothing autoscales: no ScalingLimited to report
+            return None
         stuck = [
             f"{role}: {state.unschedulable}" for role, state in self._roles.items() if state.unschedulable
         ]
         at_max = [f"{role}: {state.limited}" for role, state in self._roles.items() if state.limited]
-        limited = stuck + at_max
-        if bool(limited) != self._limited:
-            if limited:
-                self._post_event(self._ref(), "Warning", "ScalingLimited", "; ".join(limited))
-            self._limited = bool(limited)
-            self._transition = self._wall_clock()
-        reason = "PodsUnschedulable" if stuck else "AtMaxReplicas" if at_max else "WithinLimits"
-        status["conditions"] = [
-            {
-                "type": CONDITION_SCALING_LIMITED,
-                "status": "True" if limited else "False",
-                "reason": reason,
-                "message": "; ".join(limited)
-                if limited
-                else "every autoscaled pool is within its replica bounds",
-                "lastTransitionTime": self._transition.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            }
-        ]
-        return status
-
-    def _write_status(self) -> None:
-        document = self.status_document()
-        if document == self._written or (self._written is None and not document):
-            return
-        self.kube.apply_status({**self._ref(), "status": document}, labels.AUTOSCALER_FIELD_MANAGER)
-        self._written = document
-
-
-class Autoscalers:
-    """The autoscaler task of every pool (it also reads the router's figures for status), started, updated and
-    stopped as pools come, change and go.
-
-    Lives on the operator's event loop; `sync` is called after each reconcile, `stop` when a pool is deleted.
-    """
-
-    def __init__(self, kube: Kube, post_event: EventSink) -> None:
-        self._kube = kube
-        self._post_event = post_event
-        self._running: dict[tuple[str, str], tuple[PoolAutoscaler, asyncio.Task[None]]] = {}
-        self._session: aiohttp.ClientSession | None = None
-
-    def sync(self, pool: InferencePool) -> None:
-        key = (str(pool.metadata["namespace"]), str(pool.metadata["name"]))
-        entry = self._running.get(key)
-        if entry is not None and entry[0].pool.metadata.get("uid") == pool.metadata.get("uid"):
-            entry[0].update(pool)
-            return
-        self.stop(*key)
-        if self._session is None:
-            # Scrapes go to pod IPs: no proxies from the environment, no cookies, a small pool per pod.
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit_per_host=2), cookie_jar=aiohttp.DummyCookieJar()
-            )
-        scaler = PoolAutoscaler(self._kube, pool, self._session, self._post_event)
-        task = asyncio.create_task(scaler.run(), name=f"autoscaler {key[0]}/{key[1]}")
-        self._running[key] = (scaler, task)
-        log.info("watching %s/%s (autoscaling, router figures)", *key)
-
-    def stop(self, namespace: str, name: str) -> None:
-        entry = self._running.pop((namespace, name), None)
-        if entry is not None:
-            entry[1].cancel()
-            log.info("stopped watching %s/%s", namespace, name)
-
-    async def close(self) -> None:
-        tasks = [task for _, task in self._running.values()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._running.clear()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if not stuck and not at_max:
+            return ScalingLimits(False, "WithinLimits", "every autoscaled pool is within its replica bounds")
+        return ScalingLimits(
+            True, "PodsUnschedulable" if stuck else "AtMaxReplicas", "; ".join(stuck + at_max)
+        )
 
 
 def _unschedulable(pods: list[dict[str, Any]]) -> str | None:
@@ -427,3 +351,11 @@ def _unschedulable(pods: list[dict[str, Any]]) -> str | None:
         return None
     names = ", ".join(sorted(stuck))
     return f"{len(stuck)} pod(s) cannot be scheduled ({names}): {next(iter(stuck.values()))}"
+
+
+def scrape_session() -> aiohttp.ClientSession:
+    """One session for every pool's scrapes: pod IPs, so no proxies from the environment, no cookies, and a
+    small connection pool per pod. Made on the event loop that uses it."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit_per_host=2), cookie_jar=aiohttp.DummyCookieJar()
+    )

@@ -21,8 +21,19 @@ from typing import Any, cast
 from inferencepool.api import labels
 from inferencepool.api.v1alpha1 import InferencePool, PoolRole
 from inferencepool.builders import Manifest
-from inferencepool.kube import Kube
+from inferencepool.kube import Kube, KubeError
 from inferencepool.kube.fields import replicas_document, replicas_managers
+
+
+class ChildApplyError(KubeError):
+    """The API server refused one child: which one, and its answer (which names the child's field)."""
+
+    def __init__(self, manifest: Manifest, error: KubeError) -> None:
+        super().__init__(error.status, error.reason, error.message)
+        self.kind, self.name = key(manifest)
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name!r} was refused: {self.status} {self.reason}: {self.message}"
 
 
 @dataclass
@@ -75,7 +86,17 @@ WORKLOAD_KINDS = ("StatefulSet", "Deployment")
 
 
 def apply_one(kube: Kube, pool: InferencePool, manifest: Manifest) -> dict[str, Any]:
-    """Apply one child (with the replica hand-over for an autoscaled StatefulSet); returns it as stored."""
+    """Apply one child (with the replica hand-over for an autoscaled StatefulSet); returns it as stored.
+    Raises ChildApplyError naming the child."""
+    try:
+        return _apply_one(kube, pool, manifest)
+    except ChildApplyError:
+        raise
+    except KubeError as error:
+        raise ChildApplyError(manifest, error) from error
+
+
+def _apply_one(kube: Kube, pool: InferencePool, manifest: Manifest) -> dict[str, Any]:
     role = autoscaled_role(pool, manifest)
     if role is not None:
         meta = manifest["metadata"]
@@ -99,7 +120,7 @@ def apply_children(
     stamps: dict[str, str],
     executor: Executor | None = None,
 ) -> ApplyReport:
-    """Apply every child; raises KubeError on the first failure (the caller reports it).
+    """Apply every child; raises ChildApplyError on the first failure (the caller reports it).
 
     Waves, each applied concurrently (one apply is a round trip to the API server): first what the
     workloads read (ConfigMaps, Services, the Role, budgets), then the RoleBinding (RBAC checks that the Role

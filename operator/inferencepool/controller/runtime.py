@@ -1,7 +1,8 @@
 """Running the operator: kopf settings, login from a kubeconfig, an in-process runner for tests and benches.
 
 The operator uses its own kopf registry (not kopf's global one), so several can run in one process; it logs in
-with the same kubeconfig (or in-cluster service account) as its own apply client.
+with the same kubeconfig (or in-cluster service account) as its own apply client. (kopf's own
+login_via_client reads the process-wide default configuration, not the kubeconfig named here.)
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import kopf
 from kubernetes import client as k8s_client
 
 from inferencepool.api import labels
-from inferencepool.controller.handlers import OperatorState, register
+from inferencepool.autoscaler.runner import scrape_session
+from inferencepool.controller.context import OperatorContext
+from inferencepool.controller.handlers import register
 from inferencepool.kube import Kube, load_configuration
 
 # The API server ends a watch after server_timeout; the client gives up on a silent connection a little later
@@ -69,26 +72,36 @@ def connection_info(configuration: k8s_client.Configuration) -> kopf.ConnectionI
 
 @dataclass
 class Operator:
-    """One operator instance: its registry, settings and state, ready to run in an event loop."""
+    """One operator instance: its registry, settings and context, ready to run in an event loop."""
 
     registry: kopf.OperatorRegistry
     settings: kopf.OperatorSettings
-    state: OperatorState
+    context: OperatorContext
 
     @classmethod
     def create(cls, kubeconfig: str | None = None) -> Operator:
         configuration = load_configuration(kubeconfig)
-        state = OperatorState(kube=Kube(configuration))
+        context = OperatorContext(kube=Kube(configuration))
         registry = kopf.OperatorRegistry()
-        register(registry, state)
+        register(registry)
 
         @kopf.on.login(registry=registry)
         def login(**_: Any) -> kopf.ConnectionInfo:
             return connection_info(configuration)
 
+        @kopf.on.startup(registry=registry)
+        async def open_session(**_: Any) -> None:
+            context.session = scrape_session()  # on kopf's event loop, which uses it
+
+        @kopf.on.cleanup(registry=registry)
+        async def close_session(**_: Any) -> None:
+            if context.session is not None:
+                await context.session.close()
+                context.session = None
+
         settings = kopf.OperatorSettings()
         configure_settings(settings)
-        return cls(registry=registry, settings=settings, state=state)
+        return cls(registry=registry, settings=settings, context=context)
 
     async def run(
         self,
@@ -107,22 +120,21 @@ class Operator:
                 stop_flag=stop_flag,
                 ready_flag=ready_flag,
                 liveness_endpoint=liveness_endpoint,
+                memo=kopf.Memo(operator=self.context),  # each object's memo is a shallow copy of this one
             )
         finally:
-            if self.state.autoscalers is not None:
-                await self.state.autoscalers.close()
-            self.state.appliers.shutdown(wait=False, cancel_futures=True)
-            self.state.kube.close()
+            self.context.appliers.shutdown(wait=False, cancel_futures=True)
+            self.context.kube.close()
 
 
 @contextmanager
 def operator_in_thread(
     kubeconfig: str, namespaces: list[str], ready_timeout: float = 60.0, retry_seconds: float | None = None
-) -> Iterator[OperatorState]:
-    """Run an operator in a background thread (own event loop) until the block exits; yields its state."""
+) -> Iterator[OperatorContext]:
+    """Run an operator in a background thread (own event loop) until the block exits; yields its context."""
     operator = Operator.create(kubeconfig)
     if retry_seconds is not None:
-        operator.state.retry_missing_seconds = operator.state.retry_apply_seconds = retry_seconds
+        operator.context.retry_missing_seconds = operator.context.retry_apply_seconds = retry_seconds
     stop, ready = threading.Event(), threading.Event()
     failure: list[BaseException] = []
 
@@ -140,7 +152,7 @@ def operator_in_thread(
         thread.join(10)
         raise RuntimeError(f"operator did not become ready: {failure[0] if failure else 'timeout'}")
     try:
-        yield operator.state
+        yield operator.context
     finally:
         stop.set()
         thread.join(30)

@@ -1,11 +1,15 @@
 """The pool's status as a pure function of what the operator observed (no I/O, no kopf).
 
 Inputs: the pool, the outcome of its last reconcile (which generation, which references were missing, whether
-an apply failed) and the state of its workloads as the API server reports them. Output: the part of the
-status the operator owns, i.e. observedGeneration, the Ready/Progressing/Degraded conditions, per-pool
-replica figures, the router endpoint and the strings `kubectl get` shows. Figures the autoscaler owns
-(observed latency, last scaling decision, the ScalingLimited condition) are left out of what the operator
-writes and only read to format the display columns.
+the spec could be applied) and the state of its workloads as the API server reports them; then what the
+autoscaler read from the engines and routers. `status_document` composes all of it into the one document the
+pool's daemon writes (one writer, one field manager):
+
+- `compute_status` / `operator_status_document`: observedGeneration, the Ready/Progressing/Degraded
+  conditions, per-pool replica figures, the router endpoint (what reconciles and workloads say);
+- the autoscaler's figures (observed latency, the last scaling decision, the router's split and live
+  threshold) and the ScalingLimited condition;
+- the strings `kubectl get` shows, formatted last from the merged figures.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from inferencepool.api.v1alpha1 import (
     CONDITION_DEGRADED,
     CONDITION_PROGRESSING,
     CONDITION_READY,
+    CONDITION_SCALING_LIMITED,
     POOL_ROLES,
     InferencePool,
     InferencePoolStatus,
@@ -42,12 +47,22 @@ class MissingReference:
 
 
 @dataclass(frozen=True)
+class SpecProblem:
+    """Why a spec the API server accepted cannot be applied, as a Degraded reason and a message naming the
+    field (e.g. InvalidSpec, SpecTooLarge)."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
 class ReconcileOutcome:
     """What the last reconcile of a generation learnt that the workloads alone do not show."""
 
     generation: int
     missing: tuple[MissingReference, ...] = ()
     apply_error: str | None = None
+    problem: SpecProblem | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +185,11 @@ def degraded_condition(outcome: ReconcileOutcome | None) -> ConditionValue:
     """Degraded: something only the user can fix, named so they can fix it."""
     if outcome is None:
         return ConditionValue("Unknown", "NotReconciled", "the operator has not reconciled this pool yet")
+    # What stops every child from being applied comes first; missing references only stop pods starting.
+    if outcome.problem is not None:
+        return ConditionValue("True", outcome.problem.reason, outcome.problem.message)
+    if outcome.apply_error is not None:
+        return ConditionValue("True", "ApplyFailed", outcome.apply_error)
     if outcome.missing:
         kinds = {m.kind for m in outcome.missing}
         reason = (
@@ -181,8 +201,6 @@ def degraded_condition(outcome: ReconcileOutcome | None) -> ConditionValue:
         )
         named = "; ".join(m.describe() for m in outcome.missing)
         return ConditionValue("True", reason, f"{named}; engine pods cannot start until that is fixed")
-    if outcome.apply_error is not None:
-        return ConditionValue("True", "ApplyFailed", outcome.apply_error)
     return ConditionValue("False", "AsExpected", "all references resolve and every child was applied")
 
 
@@ -253,11 +271,8 @@ def _router_status(
 
 
 def operator_status_document(pool: InferencePool, status: InferencePoolStatus) -> dict[str, Any]:
-    """The fields the operator applies (server-side apply on the status subresource, its own field manager).
-
-    Conditions are a list keyed by type, so applying only Ready/Progressing/Degraded leaves the autoscaler's
-    ScalingLimited alone; the autoscaler's own figures are dropped here so the operator never claims them.
-    """
+    """The fields that follow from reconciles and workloads, without the autoscaler's figures (which
+    `compute_status` only carries over from the previous status) and without ScalingLimited."""
     document = status.model_dump(mode="json", by_alias=True, exclude_none=True)
     document["conditions"] = [c for c in document.get("conditions", []) if c["type"] in OPERATOR_CONDITIONS]
     for role in POOL_ROLES:
@@ -292,3 +307,77 @@ def _contains(actual: Any, wanted: Any) -> bool:
             _contains(a, w) for a, w in zip(actual, wanted, strict=True)
         )
     return bool(actual == wanted)
+
+
+def status_document(
+    pool: InferencePool,
+    status: InferencePoolStatus,
+    figures: dict[str, Any],
+    limited: ConditionValue | None,
+    now: datetime,
+) -> dict[str, Any]:
+    """The whole status, as written: `status` (from compute_status) without the figures it carried over,
+    the autoscaler's `figures` (its status_document) and ScalingLimited (None: nothing autoscales), with the
+    `kubectl get` strings formatted from the merged figures. Pure."""
+    document = _merged(operator_status_document(pool, status), figures)
+    if limited is not None:
+        carrier = InferencePoolStatus(
+            conditions=[c for c in status.conditions if c.type == CONDITION_SCALING_LIMITED]
+        )
+        carrier.set_condition(CONDITION_SCALING_LIMITED, limited.status, limited.reason, limited.message, now)
+        document["conditions"] += [_dumped(c) for c in carrier.conditions]
+    merged = InferencePoolStatus.model_validate(document).with_display()
+    return merged.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def invalid_status_document(
+    previous: InferencePoolStatus | None, generation: int, message: str, now: datetime
+) -> dict[str, Any]:
+    """The status of a pool whose stored spec the models refuse: only that, as Degraded with the reason."""
+    status = InferencePoolStatus(
+        observed_generation=generation,
+        conditions=[c for c in (previous.conditions if previous else []) if c.type == CONDITION_DEGRADED],
+    )
+    status.set_condition(CONDITION_DEGRADED, "True", "InvalidSpec", message, now, generation)
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+@dataclass(frozen=True)
+class StatusEvent:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+def status_events(previous: InferencePoolStatus | None, current: InferencePoolStatus) -> list[StatusEvent]:
+    """What a user should hear about when the status moves: Ready turning True or False, ScalingLimited
+    turning True."""
+    events = []
+    was = previous.condition(CONDITION_READY) if previous is not None else None
+    ready = current.condition(CONDITION_READY)
+    if ready is not None and (was is None or was.status != ready.status):
+        if ready.status == "True":
+            events.append(StatusEvent("Normal", "Ready", ready.message))
+        elif was is not None:
+            events.append(StatusEvent("Warning", "NotReady", f"{ready.reason}: {ready.message}"))
+    was = previous.condition(CONDITION_SCALING_LIMITED) if previous is not None else None
+    limited = current.condition(CONDITION_SCALING_LIMITED)
+    if limited is not None and limited.status == "True" and (was is None or was.status != "True"):
+        events.append(StatusEvent("Warning", "ScalingLimited", limited.message))
+    return events
+
+
+def _dumped(model: Any) -> dict[str, Any]:
+    dumped: dict[str, Any] = model.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return dumped
+
+
+def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `extra` merged in, mapping by mapping (the two never set the same leaf)."""
+    merged = dict(base)
+    for key, value in extra.items():
+        current = merged.get(key)
+        merged[key] = (
+            _merged(current, value) if isinstance(current, dict) and isinstance(value, dict) else value
+        )
+    return merged

@@ -21,3 +21,8 @@ def pool_reference(metadata: Mapping[str, Any]) -> dict[str, Any]:
             "uid": metadata.get("uid"),
         },
     }
+
+
+def label_selector(match: Mapping[str, str]) -> str:
+    """The string form of an equality label selector, as list calls take it."""
+    return ",".join(f"{key}={value}" for key, value in match.items())

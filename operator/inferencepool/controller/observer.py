@@ -1,0 +1,157 @@
+"""The per-pool loop, run as a kopf daemon: the autoscaler's steps, and the pool's status, composed in one
+place (status.status_document) and written by one writer, under the operator's field manager.
+
+It wakes when the autoscaler is due (at most every second), when a reconcile finished (at once) and when a
+workload changed (after a short delay that coalesces a rollout's burst of events). It writes only what
+changed; kopf keeps `body` up to date, so a spec change is picked up on the next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from inferencepool.api import labels
+from inferencepool.api.v1alpha1 import InferencePool, InferencePoolStatus
+from inferencepool.autoscaler.runner import PoolAutoscaler, scrape_session
+from inferencepool.builders import PoolRef, router_endpoint
+from inferencepool.controller.context import OperatorContext, PoolMemory
+from inferencepool.controller.events import post_event, post_ref_event
+from inferencepool.controller.status import (
+    ConditionValue,
+    Observed,
+    WorkloadKey,
+    WorkloadState,
+    compute_status,
+    invalid_status_document,
+    status_differs,
+    status_document,
+    status_events,
+)
+from inferencepool.kube import KubeError
+from inferencepool.kube.objects import pool_reference
+
+WORKLOAD_KEYS: tuple[WorkloadKey, ...] = ("prefill", "decode", "router", "lmcache-controller")
+IDLE_SECONDS = 30.0  # how long to wait for a wake-up when nothing is due (a spec that does not validate)
+log = logging.getLogger("inferencepool.observer")
+
+States = Mapping[Any, Any]  # a kopf index of WorkloadState by (namespace, pool, role)
+
+
+class PoolObserver:
+    def __init__(
+        self, context: OperatorContext, memory: PoolMemory, body: kopf.Body, workloads: list[States]
+    ) -> None:
+        self.context, self.memory, self.body = context, memory, body
+        self._workloads = workloads
+        self._scaler: PoolAutoscaler | None = None
+        self._version: str | None = None  # the resourceVersion `_pool` was validated from
+        self._pool: InferencePool | None = None
+
+    async def run(self, stopped: kopf.DaemonStopped) -> None:
+        """Until kopf stops the daemon, the pool is deleted or its status can no longer be written."""
+        while not stopped and not self.memory.deleted:
+            pool = self._current_pool()
+            if pool is not None:
+                await self._step_autoscaler()
+            if not await self._write_status(pool):
+                return
+            timeout = self._scaler.seconds_to_next() if self._scaler is not None else IDLE_SECONDS
+            await self.memory.wait(timeout, self.context.status_delay_seconds)
+
+    def _current_pool(self) -> InferencePool | None:
+        """The pool as kopf last saw it, validated (None if the models refuse it: reconcile reports that)."""
+        version = self.body.metadata.get("resourceVersion")
+        if version == self._version:
+            return self._pool
+        self._version = version
+        try:
+            self._pool = InferencePool.model_validate(dict(self.body))
+        except ValidationError:
+            self._pool = None
+            return None
+        if self._scaler is None:
+            if self.context.session is None:
+                self.context.session = scrape_session()
+            self._scaler = PoolAutoscaler(self.context.kube, self._pool, self.context.session, post_ref_event)
+        else:
+            self._scaler.update(self._pool)
+        return self._pool
+
+    async def _step_autoscaler(self) -> None:
+        assert self._scaler is not None
+        try:
+            await self._scaler.tick()
+        except KubeError as error:
+            log.warning("autoscaler %s/%s: %s", self._scaler.namespace, self._scaler.name, error)
+        except Exception:  # one bad round must not stop autoscaling this pool
+            log.exception("autoscaler %s/%s: round failed", self._scaler.namespace, self._scaler.name)
+
+    async def _write_status(self, pool: InferencePool | None) -> bool:
+        """Compose and write the status if it changed; False when the pool is gone."""
+        meta = self.body.metadata
+        if self.memory.outcome is None or meta.get("deletionTimestamp"):
+            return True  # nothing reconciled yet (the status already there stands), or going away
+        previous = self._previous()
+        document = self._compose(pool, previous, self.context.clock())
+        if document == self.memory.written or not status_differs(self.body.get("status"), document):
+            return True
+        try:
+            # metadata.uid makes the write conditional: it fails rather than land on a new pool of that name.
+            manifest = {**pool_reference(meta), "status": document}
+            await asyncio.to_thread(self.context.kube.apply_status, manifest, labels.FIELD_MANAGER)
+        except KubeError as error:
+            if error.status in (404, 409):
+                log.info("pool %s/%s is gone; status not written", meta.get("namespace"), meta.get("name"))
+                return False
+            log.warning("status of %s/%s not written: %s", meta.get("namespace"), meta.get("name"), error)
+            return True
+        self.memory.written = document
+        for event in status_events(previous, InferencePoolStatus.model_validate(document)):
+            post_event(self.body, event.type, event.reason, event.message)
+        return True
+
+    def _previous(self) -> InferencePoolStatus | None:
+        """The status last written (the body may not show it yet), else the one stored."""
+        try:
+            return InferencePoolStatus.model_validate(self.memory.written or self.body.get("status") or {})
+        except ValidationError:
+            return None
+
+    def _compose(
+        self, pool: InferencePool | None, previous: InferencePoolStatus | None, now: datetime
+    ) -> dict[str, Any]:
+        outcome = self.memory.outcome
+        assert outcome is not None
+        generation = int(self.body.metadata.get("generation", 0))
+        if pool is None or self._scaler is None:
+            message = outcome.problem.message if outcome.problem is not None else "spec rejected"
+            return invalid_status_document(previous, generation, message, now)
+        pool = pool.model_copy(update={"status": previous})
+        ref = PoolRef(pool.name(), pool.namespace(), str(pool.metadata.get("uid", "")))
+        status = compute_status(pool, generation, outcome, self._observed(pool), router_endpoint(ref), now)
+        limits = self._scaler.scaling_limited()
+        limited = (
+            None
+            if limits is None
+            else ConditionValue("True" if limits.limited else "False", limits.reason, limits.message)
+        )
+        return status_document(pool, status, self._scaler.status_document(), limited, now)
+
+    def _observed(self, pool: InferencePool) -> Observed:
+        """The pool's workloads from the kopf indices; those the last apply stored where the indices have
+        none yet."""
+        workloads: dict[WorkloadKey, WorkloadState | None] = {}
+        for key in WORKLOAD_KEYS:
+            found = None
+            for states in self._workloads:
+                store = states.get((pool.namespace(), pool.name(), key))
+                found = found or (next(iter(store), None) if store is not None else None)
+            workloads[key] = found or self.memory.applied_workloads.get(key)
+        return Observed(workloads)
