@@ -1,0 +1,87 @@
+"""The API server's own PodSecurity admission judges the pods a pool runs.
+
+Router and LMCache controller pods are admitted in a namespace that enforces "restricted"; engine pods (the
+upstream vLLM image runs as root) are refused there, naming what restricted wants, and admitted under
+"baseline".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tests.support.cluster import TestCluster
+
+from inferencepool.api import labels
+from inferencepool.api.v1alpha1 import InferencePool
+from inferencepool.builders import pool_children
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def pool_in(namespace: str) -> InferencePool:
+    document = yaml.safe_load((REPO / "examples" / "llama-3.1-8b.yaml").read_text())
+    document["metadata"].update(namespace=namespace, uid="1f0c7a52-0000-4000-8000-000000000001")
+    return InferencePool.model_validate(document)
+
+
+def pods_by_role(pool: InferencePool) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """A Pod from each workload's template (what its controller would create), and the ServiceAccounts."""
+    pods, accounts = {}, []
+    for manifest in pool_children(pool):
+        meta = {"name": manifest["metadata"]["name"], "namespace": manifest["metadata"]["namespace"]}
+        if manifest["kind"] in ("Deployment", "StatefulSet"):
+            template = manifest["spec"]["template"]
+            role = template["metadata"]["labels"][labels.LABEL_ROLE]
+            pods[role] = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template["spec"]}
+        elif manifest["kind"] == "ServiceAccount":
+            accounts.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta})
+    return pods, accounts
+
+
+def enforce(cluster: TestCluster, namespace: str, level: str) -> None:
+    result = cluster.kubectl(
+        "label",
+        "--overwrite",
+        "namespace",
+        namespace,
+        f"pod-security.kubernetes.io/enforce={level}",
+        "pod-security.kubernetes.io/enforce-version=latest",
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def admit(cluster: TestCluster, pod: dict[str, Any]) -> tuple[int, str]:
+    result = cluster.kubectl("create", "--dry-run=server", "-f", "-", input_text=yaml.safe_dump(pod))
+    return result.returncode, result.stderr
+
+
+def test_router_and_controller_are_admitted_under_restricted(cluster: TestCluster, namespace: str) -> None:
+    pods, accounts = pods_by_role(pool_in(namespace))
+    for account in accounts:
+        created = cluster.kubectl("create", "-f", "-", input_text=yaml.safe_dump(account))
+        assert created.returncode == 0, created.stderr
+    enforce(cluster, namespace, "restricted")
+    for role in ("router", "lmcache-controller"):
+        code, stderr = admit(cluster, pods[role])
+        assert code == 0, f"{role}: {stderr}"
+        assert "violate" not in stderr, f"{role}: {stderr}"
+    # The check is real: an engine pod, which runs as root, is refused, naming what restricted wants.
+    code, stderr = admit(cluster, pods["decode"])
+    assert code != 0
+    assert 'violates PodSecurity "restricted:latest"' in stderr and "runAsNonRoot" in stderr, stderr
+
+
+def test_engines_are_admitted_under_baseline(cluster: TestCluster, namespace: str) -> None:
+    pods, _ = pods_by_role(pool_in(namespace))
+    enforce(cluster, namespace, "baseline")
+    for role in labels.ENGINE_ROLES:
+        code, stderr = admit(cluster, pods[role])
+        assert code == 0, f"{role}: {stderr}"
+    # What restricted asks beyond runAsNonRoot is met: only the non-root rule names the engine pod.
+    enforce(cluster, namespace, "restricted")
+    code, stderr = admit(cluster, pods["prefill"])
+    assert code != 0
+    assert "allowPrivilegeEscalation" not in stderr and "capabilities" not in stderr, stderr
+    assert "seccompProfile" not in stderr, stderr
