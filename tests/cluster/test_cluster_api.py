@@ -62,10 +62,52 @@ def _pd_with_two_routers(spec: dict[str, Any]) -> None:
     spec["router"]["replicas"] = 2
 
 
+def _no_cpu_tier_with_p2p(spec: dict[str, Any]) -> None:
+    spec["kvCache"] = {"cpuOffloadGiB": 0, "p2p": {"enabled": True}}
+
+
+def _no_cpu_tier_with_disk(spec: dict[str, Any]) -> None:
+    spec["kvCache"] = {"cpuOffloadGiB": 0, "disk": {"sizeGiB": 10}}
+
+
+def _tp_not_dividing(spec: dict[str, Any]) -> None:
+    spec["prefill"]["tensorParallelSize"] = 2
+    spec["decode"]["tensorParallelSize"] = 3
+
+
+def _pd_unequal_tp(spec: dict[str, Any]) -> None:
+    spec["kvTransfer"] = {"connector": "LMCachePD"}
+    spec["kvCache"] = {"chunkSize": 256}
+    spec["decode"]["tensorParallelSize"] = 2
+
+
+def _pd_unknown_model_size(spec: dict[str, Any]) -> None:
+    spec["kvTransfer"] = {"connector": "LMCachePD"}
+    spec["kvCache"] = {"chunkSize": 256}
+    spec["model"]["name"] = "example/unknown-model"
+
+
 @pytest.mark.parametrize(
     ("name", "mutate", "message"),
     [
         ("inverted-bounds", _inverted_bounds, "spec.decode.autoscaling.minReplicas must be <= maxReplicas"),
+        (
+            "no-cpu-p2p",
+            _no_cpu_tier_with_p2p,
+            "spec.kvCache.cpuOffloadGiB must be at least 1 when spec.kvCache.p2p.enabled is true",
+        ),
+        (
+            "no-cpu-disk",
+            _no_cpu_tier_with_disk,
+            "spec.kvCache.cpuOffloadGiB must be at least 1 when spec.kvCache.disk is set",
+        ),
+        (
+            "tp-ratio",
+            _tp_not_dividing,
+            "spec.prefill.tensorParallelSize and spec.decode.tensorParallelSize must divide one another",
+        ),
+        ("pd-tp", _pd_unequal_tp, "must be equal with the LMCachePD connector"),
+        ("pd-buffer", _pd_unknown_model_size, "spec.kvCache.pdBufferGiB must be set"),
         (
             "pd-two-routers",
             _pd_with_two_routers,

@@ -50,7 +50,9 @@ def test_engine_runs_vllm_serve_with_the_contract_flags(llama: InferencePool, ro
     assert transfer["kv_connector"] == "MultiConnector"
     connectors = transfer["kv_connector_extra_config"]["connectors"]
     assert [x["kv_connector"] for x in connectors] == ["NixlConnector", "LMCacheConnectorV1"]
-    assert all(x["kv_role"] == "kv_both" for x in connectors)
+    # vLLM 0.33 deprecates kv_both for NixlConnector: producer on prefill pods, consumer on decode pods
+    nixl_role = "kv_producer" if role == "prefill" else "kv_consumer"
+    assert [x["kv_role"] for x in connectors] == [nixl_role, "kv_both"]
     assert {"name": "http", "containerPort": 8000, "protocol": "TCP"} in c["ports"]
     assert {"name": "nixl", "containerPort": 5600, "protocol": "TCP"} in c["ports"]
 
@@ -197,8 +199,9 @@ def test_nixl_without_kv_cache_block_has_no_lmcache_at_all() -> None:
     assert json.loads(arg_value(c["args"], "--kv-transfer-config")) == {
         "kv_buffer_device": "cuda",
         "kv_connector": "NixlConnector",
+        "kv_connector_extra_config": {"kv_lease_duration": 30},
         "kv_load_failure_policy": "fail",
-        "kv_role": "kv_both",
+        "kv_role": "kv_consumer",
     }
     assert not any(name.startswith("LMCACHE_") for name in env_of(c))
     kinds = {(x["kind"], x["metadata"]["name"]) for x in pool_children(pool)}
@@ -237,3 +240,138 @@ def test_pool_ref_requires_identity() -> None:
     pool.metadata.pop("uid")
     with pytest.raises(ValueError, match=r"metadata\.uid"):
         PoolRef.of(pool)
+
+
+def lmcache_file(pool: InferencePool, role: str) -> dict[str, Any]:
+    name = f"{pool.name()}-{role}-lmcache"
+    document: dict[str, Any] = yaml.safe_load(child(pool, "ConfigMap", name)["data"]["lmcache.yaml"])
+    return document
+
+
+def test_scale_down_drains_requests_then_held_kv_within_the_grace_period(llama: InferencePool) -> None:
+    """preStop waits for running/waiting requests; vLLM's --shutdown-timeout then covers KV a prefill engine
+    still holds for decode engines (up to the NIXL lease); the grace period covers both (issue 11, #5)."""
+    sts = child(llama, "StatefulSet", "llama-8b-prefill")
+    c = container(sts)
+    transfer = json.loads(arg_value(c["args"], "--kv-transfer-config"))
+    lease = transfer["kv_connector_extra_config"]["connectors"][0]["kv_connector_extra_config"]
+    shutdown = int(arg_value(c["args"], "--shutdown-timeout"))
+    assert shutdown > lease["kv_lease_duration"]
+    grace = sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    script = c["lifecycle"]["preStop"]["exec"]["command"][2]
+    budget = int(script.split("time.monotonic() + ", 1)[1].split("\n", 1)[0])
+    assert budget + shutdown < grace
+
+
+def test_ucx_works_without_rdma_by_default_and_the_user_overrides_it() -> None:
+    default = env_of(container(child(load_pool("llama-3.1-8b.yaml"), "StatefulSet", "llama-8b-decode")))
+    assert default["UCX_TLS"] == "tcp,cuda_copy,cuda_ipc"
+    rdma = load_pool("llama-3.1-8b.yaml", engine__extraEnv=[{"name": "UCX_TLS", "value": "rc,cuda_copy"}])
+    assert env_of(container(child(rdma, "StatefulSet", "llama-8b-decode")))["UCX_TLS"] == "rc,cuda_copy"
+
+
+def test_each_pool_sets_its_own_tensor_parallel_size() -> None:
+    pool = load_pool(
+        "llama-3.1-8b.yaml",
+        prefill__tensorParallelSize=1,
+        decode__tensorParallelSize=4,
+        decode__gpusPerReplica=None,  # the example pins 1 GPU; unset, GPUs follow the pool's TP
+        kvCache={"cpuOffloadGiB": 20, "p2p": {"enabled": True}},
+    )
+    prefill = container(child(pool, "StatefulSet", "llama-8b-prefill"))
+    decode = container(child(pool, "StatefulSet", "llama-8b-decode"))
+    assert arg_value(prefill["args"], "--tensor-parallel-size") == "1"
+    assert arg_value(decode["args"], "--tensor-parallel-size") == "4"
+    assert prefill["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert decode["resources"]["limits"]["nvidia.com/gpu"] == "4"  # GPUs follow the pool's TP
+    assert lmcache_file(pool, "decode")["lmcache_worker_ports"] == [8500, 8501, 8502, 8503]
+    assert lmcache_file(pool, "prefill")["lmcache_worker_ports"] == [8500]
+    assert lmcache_file(pool, "decode")["max_local_cpu_size"] == 5.0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"prefill__tensorParallelSize": 2, "decode__tensorParallelSize": 3}, "must divide one another"),
+        (
+            {"kvTransfer": {"connector": "LMCachePD"}, "kvCache": {"chunkSize": 256},
+             "router": {"replicas": 1}, "decode__tensorParallelSize": 2},
+            "must be equal with the LMCachePD connector",
+        ),
+        ({"decode__tensorParallelSize": 4, "decode__gpusPerReplica": 2}, "decode.gpusPerReplica must be"),
+    ],
+)  # fmt: skip
+def test_tensor_parallel_sizes_vllm_cannot_pair_are_refused(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_pool("llama-3.1-8b.yaml", **overrides)
+
+
+def test_tp2_pool_limits_agree_with_what_lmcache_allocates() -> None:
+    """cpuOffloadGiB and disk.sizeGiB are per pod; LMCache's sizes are per rank, so they are divided, and the
+    emptyDir's sizeLimit is what all ranks together may write (issue 11, defect 4)."""
+    pool = load_pool(
+        "llama-3.1-8b.yaml",
+        engine__tensorParallelSize=2,
+        prefill__gpusPerReplica=2,
+        decode__gpusPerReplica=2,
+        prefill__resources={},
+        kvCache={"cpuOffloadGiB": 20, "disk": {"sizeGiB": 100}, "p2p": {"enabled": True}},
+    )
+    sts = child(pool, "StatefulSet", "llama-8b-prefill")
+    document = lmcache_file(pool, "prefill")
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    size_limit = volumes["lmcache-disk"]["emptyDir"]["sizeLimit"]
+    assert size_limit == "100Gi" and document["max_local_disk_size"] * 2 == 100
+    assert document["max_local_cpu_size"] * 2 == 20
+    assert container(sts)["resources"]["requests"]["memory"] == "20Gi"  # the CPU tier, all ranks
+
+
+def pd_pool(kv_cache: dict[str, Any] | None = None, **overrides: Any) -> InferencePool:
+    return load_pool(
+        "llama-3.1-8b.yaml",
+        kvTransfer={"connector": "LMCachePD"},
+        kvCache=kv_cache or {"chunkSize": 256},
+        router={"replicas": 1},
+        **overrides,
+    )
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_lmcache_pd_buffer_holds_full_length_prompts_of_the_model(tp: int) -> None:
+    """Llama-3.1-8B keeps 128 KiB of KV per token: two 32768-token prompts need 8 GiB per pod, split across
+    the ranks, and LMCache checks at start that the buffer holds a maxModelLen prompt (issue 11, #2)."""
+    pool = pd_pool(engine__tensorParallelSize=tp, prefill__gpusPerReplica=tp, decode__gpusPerReplica=tp)
+    for role in ("prefill", "decode"):
+        document = lmcache_file(pool, role)
+        assert document["pd_buffer_size"] * tp == 8 * 1024**3
+        assert document["pd_max_prefill_len"] == 32768
+        assert document["pd_allocation_timeout_sec"] < 30  # before the router stops waiting
+    explicit = pd_pool({"chunkSize": 256, "pdBufferGiB": 3})
+    assert lmcache_file(explicit, "decode")["pd_buffer_size"] == 3 * 1024**3
+
+
+def test_lmcache_pd_engines_run_without_prefix_caching() -> None:
+    """vLLM does not retrieve what its prefix cache holds; LMCache frees a pushed chunk only on retrieval."""
+    pool = pd_pool()
+    for role in ("prefill", "decode"):
+        assert (
+            "--no-enable-prefix-caching" in container(child(pool, "StatefulSet", f"llama-8b-{role}"))["args"]
+        )
+    nixl = container(child(load_pool("llama-3.1-8b.yaml"), "StatefulSet", "llama-8b-decode"))
+    assert "--no-enable-prefix-caching" not in nixl["args"]
+
+
+def test_lmcache_pd_for_a_model_of_unknown_size_needs_the_buffer_size() -> None:
+    with pytest.raises(ValueError, match=r"spec\.kvCache\.pdBufferGiB must be set"):
+        pd_pool(model__name="example/unknown-model")
+    pool = pd_pool({"chunkSize": 256, "pdBufferGiB": 4}, model__name="example/unknown-model")
+    assert "pd_max_prefill_len" in lmcache_file(pool, "decode")
+
+
+@pytest.mark.parametrize("kv_cache", [{"cpuOffloadGiB": 0, "p2p": {"enabled": True}},
+                                      {"cpuOffloadGiB": 0, "disk": {"sizeGiB": 10}}])  # fmt: skip
+def test_no_cpu_tier_under_p2p_or_disk_is_refused_naming_the_fields(kv_cache: dict[str, Any]) -> None:
+    with pytest.raises(
+        ValueError, match=r"spec\.kvCache\.cpuOffloadGiB must be at least 1 when spec\.kvCache\."
+    ):
+        load_pool("llama-3.1-8b.yaml", kvCache=kv_cache)

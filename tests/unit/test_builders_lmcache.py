@@ -94,7 +94,7 @@ def test_p2p_config_validates_and_takes_pod_identity_from_env(
     assert loaded.controller_reply_url == "llama-lmcache.prod.svc:8400"
     assert loaded.transfer_channel == "nixl"
     assert loaded.chunk_size == 256
-    assert loaded.max_local_cpu_size == 20.0
+    assert loaded.max_local_cpu_size == 10.0  # cpuOffloadGiB is per pod; LMCache's size is per TP rank
     assert loaded.local_disk is None
 
 
@@ -124,12 +124,20 @@ def test_disk_tier_is_a_path_lmcache_understands(tmp_path: Path, monkeypatch: py
 
 
 def test_pd_mode_sender_and_receiver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    config = settings(mode="LMCachePD", p2p=False, tensor_parallel_size=2, pd_buffer_gib=4)
+    config = settings(
+        mode="LMCachePD",
+        p2p=False,
+        tensor_parallel_size=2,
+        pd_buffer_bytes=4 * 1024**3,
+        pd_max_prefill_len=8192,
+    )
     sender = load_as_engine_would("prefill", config, tmp_path, monkeypatch)
     assert sender.enable_pd and not sender.enable_p2p
     assert sender.pd_role == "sender"
     assert (sender.pd_proxy_host, sender.pd_proxy_port) == ("llama.prod.svc", lmcache.PD_PROXY_PORT)
-    assert sender.pd_buffer_size == 4 * 1024**3
+    assert sender.pd_buffer_size == 2 * 1024**3  # per TP rank: each rank buffers its own shard
+    assert sender.pd_allocation_timeout_sec == lmcache.PD_ALLOCATION_TIMEOUT_SECONDS
+    assert sender.pd_max_prefill_len == 8192
     assert sender.save_unfull_chunk  # LMCache forces it for PD; the whole prompt must reach the decode pod
 
     receiver = load_as_engine_would("decode", config, tmp_path, monkeypatch)
@@ -164,3 +172,14 @@ def test_rendering_is_deterministic() -> None:
     assert lmcache.engine_config_yaml("decode", settings()) == lmcache.engine_config_yaml(
         "decode", settings()
     )
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_per_pod_sizes_become_per_rank_sizes_that_add_up_to_the_pod(
+    tp: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded = load_as_engine_would(
+        "decode", settings(tensor_parallel_size=tp, cpu_offload_gib=20, disk_gib=100), tmp_path, monkeypatch
+    )
+    assert loaded.max_local_cpu_size * tp == 20
+    assert loaded.max_local_disk_size * tp == 100

@@ -186,7 +186,8 @@ def pd_settings(tp: int = 2) -> Any:
         disk_gib=0,
         controller_host="",
         proxy_host="router.prod.svc",
-        pd_buffer_gib=2,
+        pd_buffer_bytes=tp * 2 * 2**30,  # per pod: 2 GiB per rank
+        pd_max_prefill_len=16384,
     )
 
 
@@ -228,6 +229,8 @@ def test_lmcache_pd_mode_from_the_operators_files(tmp_path: Path, role: str) -> 
         # 2 GiB per rank; a rank holds half of each 256-token chunk of Llama-3.1-8B (128 KiB/token)
         assert config.lmcache.pd_buffer_chunks == 2 * 2**30 // (256 * 131072 // 2)
         assert config.lmcache.load and not config.lmcache.save
+        assert config.lmcache.skip_last_n_tokens == 1 and config.lmcache.pd_max_prefill_len == 16384
+        assert config.pd.allocation_timeout_s == lmcache.PD_ALLOCATION_TIMEOUT_SECONDS
 
 
 def test_lmcache_pd_settings_from_the_environment() -> None:

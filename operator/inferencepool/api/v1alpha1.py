@@ -30,6 +30,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from inferencepool.api import labels
+from inferencepool.api.model_shapes import KNOWN_MODELS, model_shape
 
 API_VERSION: Final = f"{labels.GROUP}/{labels.VERSION}"
 
@@ -40,6 +41,11 @@ DEFAULT_ADAPTIVE_MIN_TOKENS: Final = 1024
 DEFAULT_ADAPTIVE_MAX_TOKENS: Final = 16384
 DEFAULT_MIN_REPLICAS: Final = 1
 DEFAULT_TENSOR_PARALLEL_SIZE: Final = 1
+DEFAULT_CPU_OFFLOAD_GIB: Final = 5
+# LMCache PD reserves a whole prompt's chunks up front: the default receive buffer holds this many prompts of
+# maxModelLen tokens at once.
+PD_BUFFER_PROMPTS: Final = 2
+GIB: Final = 1024**3
 
 # The pool's name is its router Service's name and the prefix of every child's. The longest children are the
 # Service `<name>-lmcache-controller` and the StatefulSet `<name>-prefill`, whose pods carry the label
@@ -396,11 +402,23 @@ class PoolSpec(SpecModel):
             "With autoscaling on it is only the starting count and must lie within minReplicas..maxReplicas."
         ),
     )
+    tensor_parallel_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_GPUS_PER_REPLICA,
+        description=(
+            "GPUs one engine of this pool shards the model across (vLLM --tensor-parallel-size). Defaults to "
+            "engine.tensorParallelSize. With the Nixl connector the prefill and decode sizes must divide one "
+            "another (e.g. prefill 1, decode 4); with LMCachePD they must be equal."
+        ),
+    )
     gpus_per_replica: int | None = Field(
         default=None,
         ge=0,
         le=MAX_GPUS_PER_REPLICA,
-        description="GPUs per pod (nvidia.com/gpu); 0 runs on CPU. Defaults to engine.tensorParallelSize.",
+        description=(
+            "GPUs per pod (nvidia.com/gpu); 0 runs on CPU. Defaults to the pool's tensor-parallel size."
+        ),
     )
     resources: dict[str, Any] = Field(
         default_factory=dict,
@@ -442,7 +460,7 @@ class PoolSpec(SpecModel):
         return 1
 
     def gpus(self, tensor_parallel_size: int) -> int:
-        """GPUs each pod requests."""
+        """GPUs each pod requests, given the pool's tensor-parallel size."""
         return tensor_parallel_size if self.gpus_per_replica is None else self.gpus_per_replica
 
 
@@ -463,7 +481,13 @@ class DiskCache(SpecModel):
     """A local-disk tier for LMCache, below CPU memory."""
 
     size_gib: int = Field(
-        alias="sizeGiB", ge=1, le=65536, description="Disk space per pod for cached KV, in GiB."
+        alias="sizeGiB",
+        ge=1,
+        le=65536,
+        description=(
+            "Disk space per pod for cached KV, in GiB (the emptyDir's sizeLimit), split evenly across the "
+            "pod's tensor-parallel ranks (LMCache's max_local_disk_size is per rank)."
+        ),
     )
 
 
@@ -488,13 +512,30 @@ class KVCacheSpec(SpecModel):
         default=256, ge=1, le=65536, description="Tokens per LMCache chunk. Defaults to 256."
     )
     cpu_offload_gib: int = Field(
-        default=5,
+        default=DEFAULT_CPU_OFFLOAD_GIB,
         alias="cpuOffloadGiB",
         ge=0,
         le=65536,
-        description="CPU memory per pod for offloaded KV, in GiB. Defaults to 5.",
+        description=(
+            "CPU memory per pod for offloaded KV, in GiB, split evenly across the pod's tensor-parallel "
+            "ranks (LMCache's max_local_cpu_size is per rank); counted in the pod's memory request. "
+            f"Defaults to {DEFAULT_CPU_OFFLOAD_GIB}. At least 1 with p2p or a disk tier."
+        ),
     )
     disk: DiskCache | None = Field(default=None, description="Local disk tier. Off when absent.")
+    pd_buffer_gib: int | None = Field(
+        default=None,
+        alias="pdBufferGiB",
+        ge=1,
+        le=4096,
+        description=(
+            "LMCachePD only: GPU memory per engine pod for LMCache's PD buffer (the decode pod receives into "
+            "it, the prefill pod stages its pushes in it), in GiB, split across the pod's tensor-parallel "
+            "ranks, on top of engine.gpuMemoryUtilizationPercent. A pushed prompt's chunks "
+            f"are all reserved at once, so the default holds {PD_BUFFER_PROMPTS} prompts of "
+            "engine.maxModelLen tokens (computed for known models; required for others)."
+        ),
+    )
     p2p: P2PSpec = Field(
         default_factory=P2PSpec, alias="p2p", description="Peer-to-peer KV sharing between engines."
     )
@@ -672,8 +713,32 @@ class InferencePoolSpec(SpecModel):
     def served_model_name(self) -> str:
         return self.model.served_name or self.model.name
 
+    def tensor_parallel_size(self, role: PoolRole) -> int:
+        """The pool's own tensor-parallel size, or the engine's."""
+        own = self.pool(role).tensor_parallel_size
+        return self.engine.tensor_parallel_size if own is None else own
+
     def gpus_per_replica(self, role: PoolRole) -> int:
-        return self.pool(role).gpus(self.engine.tensor_parallel_size)
+        return self.pool(role).gpus(self.tensor_parallel_size(role))
+
+    def max_model_len(self) -> int | None:
+        """engine.maxModelLen, else the model's own context length when the operator knows the model."""
+        if self.engine.max_model_len is not None:
+            return self.engine.max_model_len
+        shape = model_shape(self.model.name)
+        return shape.max_model_len if shape is not None else None
+
+    def pd_buffer_bytes(self) -> int | None:
+        """LMCache PD receive buffer per decode pod: kvCache.pdBufferGiB, else room for PD_BUFFER_PROMPTS
+        prompts of max_model_len() tokens of the model's KV; None when neither is known."""
+        kv_cache = self.effective_kv_cache()
+        if kv_cache.pd_buffer_gib is not None:
+            return kv_cache.pd_buffer_gib * GIB
+        shape, tokens = model_shape(self.model.name), self.max_model_len()
+        if shape is None or tokens is None:
+            return None
+        wanted = PD_BUFFER_PROMPTS * tokens * shape.kv_bytes_per_token
+        return -(-wanted // GIB) * GIB  # whole GiB
 
     def target_milliseconds(self, role: PoolRole) -> int | None:
         """The pool's latency target (TTFT for prefill, ITL for decode); None when it does not autoscale."""
@@ -704,14 +769,21 @@ def _or_default(path: str, default: int | bool) -> str:
     return f"(has({path}) ? {path} : {literal})"
 
 
+def _pool_tp_cel(role: PoolRole) -> str:
+    """CEL for spec.tensor_parallel_size(role)."""
+    engine_tp = _or_default("self.engine.tensorParallelSize", DEFAULT_TENSOR_PARALLEL_SIZE)
+    engine = f"(has(self.engine) ? {engine_tp} : {DEFAULT_TENSOR_PARALLEL_SIZE})"
+    own = f"self.{role}.tensorParallelSize"
+    return f"(has(self.{role}) && has({own}) ? {own} : {engine})"
+
+
 def _pool_rules(role: PoolRole) -> list[SpecRule]:
     pool = f"self.{role}"
     scaling = f"{pool}.autoscaling"
     has_scaling = f"has({pool}.autoscaling)"
     enabled = _or_default(f"{scaling}.enabled", True)
     min_replicas = _or_default(f"{scaling}.minReplicas", DEFAULT_MIN_REPLICAS)
-    tp_or_default = _or_default("self.engine.tensorParallelSize", DEFAULT_TENSOR_PARALLEL_SIZE)
-    tp = f"(has(self.engine) ? {tp_or_default} : {DEFAULT_TENSOR_PARALLEL_SIZE})"
+    tp = _pool_tp_cel(role)
     metric, other, metric_name = (
         ("ttftMilliseconds", "itlMilliseconds", "time to first token")
         if role == "prefill"
@@ -742,7 +814,7 @@ def _pool_rules(role: PoolRole) -> list[SpecRule]:
 
     def gpus_fit_tensor_parallel(spec: InferencePoolSpec) -> bool:
         gpus = spec.pool(role).gpus_per_replica
-        return gpus is None or gpus == 0 or gpus >= spec.engine.tensor_parallel_size
+        return gpus is None or gpus == 0 or gpus >= spec.tensor_parallel_size(role)
 
     in_pool = f"has(self.{role}) && "
     return [
@@ -782,7 +854,10 @@ def _pool_rules(role: PoolRole) -> list[SpecRule]:
                 f"!({in_pool}has({pool}.gpusPerReplica)) || {pool}.gpusPerReplica == 0 || "
                 f"{pool}.gpusPerReplica >= {tp}"
             ),
-            message=f"spec.{role}.gpusPerReplica must be 0 (no GPU) or >= spec.engine.tensorParallelSize",
+            message=(
+                f"spec.{role}.gpusPerReplica must be 0 (no GPU) or >= spec.engine.tensorParallelSize, or "
+                f"spec.{role}.tensorParallelSize when set"
+            ),
             holds=gpus_fit_tensor_parallel,
         ),
     ]
@@ -856,6 +931,92 @@ def _kv_rules() -> list[SpecRule]:
                 "notify a single router address)"
             ),
             holds=pd_mode_single_router,
+        ),
+        *_lmcache_backend_rules(p2p_on),
+        *_transfer_tp_rules(pd_mode),
+        SpecRule(
+            field="kvCache.pdBufferGiB",
+            cel=(
+                f"!({pd_mode}) || (has(self.kvCache) && has(self.kvCache.pdBufferGiB)) || "
+                f"self.model.name in {json.dumps(sorted(KNOWN_MODELS))}"
+            ),
+            message=(
+                "spec.kvCache.pdBufferGiB must be set when spec.kvTransfer.connector is LMCachePD and the "
+                "operator does not know the KV size of spec.model.name"
+            ),
+            holds=lambda s: s.kv_transfer.connector != "LMCachePD" or s.pd_buffer_bytes() is not None,
+        ),
+    ]
+
+
+def _lmcache_backend_rules(p2p_on: str) -> list[SpecRule]:
+    """LMCache stages p2p transfers and its disk tier through its CPU backend, and asserts at start-up
+    without one (lmcache/v1/storage_backend/__init__.py CreateStorageBackends)."""
+    cpu = f"(has(self.kvCache.cpuOffloadGiB) ? self.kvCache.cpuOffloadGiB : {DEFAULT_CPU_OFFLOAD_GIB})"
+    disk_on = "has(self.kvCache) && has(self.kvCache.disk)"
+
+    def cpu_for_p2p(spec: InferencePoolSpec) -> bool:
+        return not spec.p2p_enabled() or spec.effective_kv_cache().cpu_offload_gib > 0
+
+    def cpu_for_disk(spec: InferencePoolSpec) -> bool:
+        kv_cache = spec.kv_cache
+        return kv_cache is None or kv_cache.disk is None or kv_cache.cpu_offload_gib > 0
+
+    return [
+        SpecRule(
+            field="kvCache.cpuOffloadGiB",
+            cel=f"!({p2p_on}) || {cpu} > 0",
+            message=(
+                "spec.kvCache.cpuOffloadGiB must be at least 1 when spec.kvCache.p2p.enabled is true "
+                "(LMCache moves p2p transfers through its CPU tier)"
+            ),
+            holds=cpu_for_p2p,
+        ),
+        SpecRule(
+            field="kvCache.cpuOffloadGiB",
+            cel=f"!({disk_on}) || {cpu} > 0",
+            message=(
+                "spec.kvCache.cpuOffloadGiB must be at least 1 when spec.kvCache.disk is set "
+                "(LMCache's disk tier sits below its CPU tier)"
+            ),
+            holds=cpu_for_disk,
+        ),
+    ]
+
+
+def _transfer_tp_rules(pd_mode: str) -> list[SpecRule]:
+    """Tensor-parallel sizes the two transfer modes accept between a prefill and a decode engine."""
+    prefill, decode = _pool_tp_cel("prefill"), _pool_tp_cel("decode")
+
+    def nixl_ratio(spec: InferencePoolSpec) -> bool:
+        p, d = spec.tensor_parallel_size("prefill"), spec.tensor_parallel_size("decode")
+        return spec.kv_transfer.connector != "Nixl" or p % d == 0 or d % p == 0
+
+    def pd_equal(spec: InferencePoolSpec) -> bool:
+        p, d = spec.tensor_parallel_size("prefill"), spec.tensor_parallel_size("decode")
+        return spec.kv_transfer.connector != "LMCachePD" or p == d
+
+    return [
+        # vLLM's NIXL connector maps ranks by the ratio and asserts divisibility (kv_connector/utils.py
+        # TransferTopology.tp_ratio)
+        SpecRule(
+            field="decode.tensorParallelSize",
+            cel=f"({pd_mode}) || {prefill} % {decode} == 0 || {decode} % {prefill} == 0",
+            message=(
+                "spec.prefill.tensorParallelSize and spec.decode.tensorParallelSize must divide one another "
+                "with the Nixl connector (vLLM maps prefill to decode ranks by their ratio)"
+            ),
+            holds=nixl_ratio,
+        ),
+        # each LMCache PD sender rank pushes to the receiver rank of its own index (pd_backend_async.py)
+        SpecRule(
+            field="decode.tensorParallelSize",
+            cel=f"!({pd_mode}) || {prefill} == {decode}",
+            message=(
+                "spec.prefill.tensorParallelSize and spec.decode.tensorParallelSize must be equal with the "
+                "LMCachePD connector (each sender rank pushes to the receiver rank of its own index)"
+            ),
+            holds=pd_equal,
         ),
     ]
 

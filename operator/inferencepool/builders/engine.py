@@ -1,10 +1,12 @@
 """The prefill and decode pools: a StatefulSet of vLLM engines, its headless Service and its LMCache file.
 
-The pod is one that runs on a GPU cluster as is (see shared/reference/engine-contract.md): `vllm serve` with
-the kv-transfer config of the pool's role, GPUs as limits, /dev/shm for NCCL, the model cache at HF_HOME, the
-HF token from a Secret, the pod's own IP and name from the downward API (NIXL side channel, LMCache p2p), one
-PYTHONHASHSEED per pool (LMCache's prefix hashes must agree between pods), probes sized for model loading,
-and a drain on termination. The fake engine image runs the same pod: its `vllm` shim accepts these flags.
+The pod is one that runs on a GPU cluster as is (docs/engine-contract.md): `vllm serve` with the
+kv-transfer config of the pool's role and the pool's own tensor-parallel size, GPUs as limits, /dev/shm for
+NCCL, the model cache at HF_HOME, the HF token from a Secret, the pod's own IP and name from the downward API
+(NIXL side channel, LMCache p2p), UCX transports that work without RDMA, one PYTHONHASHSEED per pool
+(LMCache's prefix hashes must agree between pods), probes sized for model loading, and a drain on
+termination that loses no KV hand-off. The fake engine image runs the same pod: its `vllm` shim accepts
+exactly vLLM 0.33's flags.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from inferencepool.builders.common import (
     service_host,
     tcp_port,
 )
-from inferencepool.builders.kvtransfer import kv_transfer_config_json
+from inferencepool.builders.kvtransfer import KV_LEASE_SECONDS, kv_transfer_config_json
 
 CONTAINER_NAME: Final = "vllm"
 HTTP_PORT: Final = 8000
@@ -46,18 +48,31 @@ GPU_RESOURCE: Final = "nvidia.com/gpu"
 # engine.
 STARTUP_PROBE_PERIOD_SECONDS: Final = 10
 STARTUP_BUDGET_SECONDS: Final = 30 * 60
-# A stream may run for minutes (32k tokens at 40 ms is 21 min); the drain waits for running requests to finish
-# after the router has stopped sending, and the grace period is the hard upper bound.
+# A scale-down in two steps. preStop: the router has stopped sending to the terminating pod; the hook waits
+# until the engine runs and queues nothing (a stream may run for minutes: 32k tokens at 40 ms is 21 min).
+# SIGTERM: vLLM drains for --shutdown-timeout seconds (its default, 0, aborts in-flight requests), and its
+# drain lasts while a finished prefill still holds KV blocks for a decode engine that has not read them
+# (scheduler.py has_requests counts requests whose blocks the connector holds), which is at most the NIXL
+# lease. The grace period covers both, and the teardown.
+SHUTDOWN_TIMEOUT_SECONDS: Final = KV_LEASE_SECONDS + 15
+TEARDOWN_SECONDS: Final = 30
 TERMINATION_GRACE_SECONDS: Final = 600
 DRAIN_POLL_SECONDS: Final = 2
+PRESTOP_BUDGET_SECONDS: Final = TERMINATION_GRACE_SECONDS - SHUTDOWN_TIMEOUT_SECONDS - TEARDOWN_SECONDS
+
+# NIXL's UCX backend, and LMCache's nixl channel, on a cluster without RDMA: TCP between pods, CUDA copies
+# to stage GPU memory, CUDA IPC between GPUs of one node. Users with InfiniBand/RoCE override UCX_TLS (e.g.
+# "rc,cuda_copy,cuda_ipc" or "all") and any other UCX_ variable through engine.extraEnv.
+UCX_ENV: Final = (("UCX_TLS", "tcp,cuda_copy,cuda_ipc"),)
 
 
-def drain_script(port: int = HTTP_PORT, budget_seconds: int = TERMINATION_GRACE_SECONDS - 30) -> str:
+def drain_script(port: int = HTTP_PORT, budget_seconds: int = PRESTOP_BUDGET_SECONDS) -> str:
     """preStop hook source (python3 is in both the vLLM and the fake-engine image).
 
     It waits until the engine reports no running and no waiting requests on its own /metrics, or until the
     budget is spent; Kubernetes sends SIGTERM only after it returns. The router has stopped sending to the pod
-    by then (the pod is terminating)."""
+    by then (the pod is terminating). KV the engine still holds for remote decodes is vLLM's own drain's
+    (--shutdown-timeout)."""
     return f"""\
 import time, urllib.request
 deadline = time.monotonic() + {budget_seconds}
@@ -74,18 +89,24 @@ while time.monotonic() < deadline:
 """
 
 
-def lmcache_settings(pool: InferencePool, ref: PoolRef) -> lmcache.LMCacheSettings:
+def lmcache_settings(pool: InferencePool, ref: PoolRef, role: PoolRole) -> lmcache.LMCacheSettings:
     spec = pool.spec
     kv_cache = spec.effective_kv_cache()
+    pd_buffer = spec.pd_buffer_bytes() if spec.kv_transfer.connector == "LMCachePD" else None
+    max_prefill = spec.max_model_len()
     return lmcache.LMCacheSettings(
         mode=spec.kv_transfer.connector,
         p2p=spec.p2p_enabled(),
-        tensor_parallel_size=spec.engine.tensor_parallel_size,
+        tensor_parallel_size=spec.tensor_parallel_size(role),
         chunk_size=kv_cache.chunk_size,
         cpu_offload_gib=kv_cache.cpu_offload_gib,
         disk_gib=kv_cache.disk.size_gib if kv_cache.disk is not None else 0,
         controller_host=service_host(ref, lmcache_controller_name(ref)),
         proxy_host=service_host(ref, router_service_name(ref)),
+        pd_buffer_bytes=pd_buffer if pd_buffer is not None else 2 * lmcache.GIB,
+        # LMCache refuses to start when the buffer cannot hold a prompt this long, rather than leaving such a
+        # prompt's push to fail at run time; only claimed where the buffer was sized for it
+        pd_max_prefill_len=max_prefill if max_prefill is not None and pd_buffer is not None else 0,
     )
 
 
@@ -102,14 +123,20 @@ def vllm_args(pool: InferencePool, role: PoolRole) -> list[str]:
         "--served-model-name",
         spec.served_model_name(),
         "--tensor-parallel-size",
-        str(engine.tensor_parallel_size),
+        str(spec.tensor_parallel_size(role)),
         "--gpu-memory-utilization",
         f"{engine.gpu_memory_utilization_percent / 100:g}",
+        "--shutdown-timeout",
+        str(SHUTDOWN_TIMEOUT_SECONDS),
     ]
     if engine.max_model_len is not None:
         args += ["--max-model-len", str(engine.max_model_len)]
     if spec.model.tokenizer is not None:
         args += ["--tokenizer", spec.model.tokenizer]
+    if spec.kv_transfer.connector == "LMCachePD":
+        # A pushed chunk leaves LMCache's PD buffer only when retrieved, and vLLM does not retrieve what its
+        # own prefix cache holds; LMCache's PD launcher turns prefix caching off on both engines too.
+        args.append("--no-enable-prefix-caching")
     args += [
         "--kv-transfer-config",
         kv_transfer_config_json(role, spec.kv_transfer.connector, spec.uses_lmcache()),
@@ -128,6 +155,7 @@ def engine_env(pool: InferencePool, ref: PoolRef, role: PoolRole) -> list[Manife
         {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)},
         {"name": "PYTHONHASHSEED", "value": python_hash_seed(ref)},
         {"name": "HF_HOME", "value": MODEL_CACHE_PATH},
+        *({"name": name, "value": value} for name, value in UCX_ENV),
     ]
     if spec.model.token_secret is not None:
         secret = spec.model.token_secret
@@ -135,7 +163,7 @@ def engine_env(pool: InferencePool, ref: PoolRef, role: PoolRole) -> list[Manife
             {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}}
         )
     if spec.uses_lmcache():
-        env += lmcache.pod_env(role, lmcache_settings(pool, ref))
+        env += lmcache.pod_env(role, lmcache_settings(pool, ref, role))
     return merge_env(env, spec.engine.extra_env)
 
 
@@ -145,18 +173,31 @@ def engine_ports(pool: InferencePool, ref: PoolRef, role: PoolRole) -> list[Mani
     if spec.kv_transfer.connector == "Nixl":
         ports.append(tcp_port("nixl", NIXL_SIDE_CHANNEL_PORT))
     if spec.uses_lmcache():
-        ports += lmcache.container_ports(role, lmcache_settings(pool, ref))
+        ports += lmcache.container_ports(role, lmcache_settings(pool, ref, role))
     return ports
 
 
 def engine_resources(pool: InferencePool, role: PoolRole) -> Manifest:
     """The user's resources with the pool's GPUs as limits (extended resources are requested by their
-    limit)."""
-    resources: Manifest = {key: dict(value) for key, value in pool.spec.pool(role).resources.items()}
-    gpus = pool.spec.gpus_per_replica(role)
+    limit), and LMCache's CPU tier (every rank's share of cpuOffloadGiB) as the memory request when the
+    user requested none."""
+    spec = pool.spec
+    resources: Manifest = {key: dict(value) for key, value in spec.pool(role).resources.items()}
+    gpus = spec.gpus_per_replica(role)
     if gpus > 0:
         resources["limits"] = {**resources.get("limits", {}), GPU_RESOURCE: str(gpus)}
+    offload = lmcache_cpu_gib(pool)
+    if offload > 0 and "memory" not in resources.get("requests", {}):
+        resources["requests"] = {**resources.get("requests", {}), "memory": f"{offload}Gi"}
     return resources
+
+
+def lmcache_cpu_gib(pool: InferencePool) -> int:
+    """CPU memory LMCache holds in a pod, all ranks together (LMCachePD keeps no CPU tier)."""
+    spec = pool.spec
+    if spec.kv_cache is None or spec.kv_transfer.connector != "Nixl":
+        return 0
+    return spec.kv_cache.cpu_offload_gib
 
 
 def _http_probe(path: str, period: int, failures: int, timeout: int) -> Manifest:
@@ -301,7 +342,7 @@ def engine_service(pool: InferencePool, ref: PoolRef, role: PoolRole) -> Manifes
 
 
 def lmcache_config(pool: InferencePool, ref: PoolRef, role: PoolRole) -> Manifest:
-    settings = lmcache_settings(pool, ref)
+    settings = lmcache_settings(pool, ref, role)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",

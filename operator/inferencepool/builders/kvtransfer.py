@@ -1,10 +1,13 @@
 """`--kv-transfer-config` for vLLM 0.33: how a prefill pod hands its KV cache to a decode pod.
 
-Two transfer modes (see shared/reference/engine-contract.md):
-- Nixl: vLLM's NixlConnector on both pools, `kv_role: kv_both`; which pod prefills and which decodes is
-  decided per request by the router through `kv_transfer_params`, not by the connector role. With LMCache on
+Two transfer modes (docs/engine-contract.md, "KV transfer configs"):
+- Nixl: vLLM's NixlConnector, `kv_role: kv_producer` on prefill pods and `kv_consumer` on decode pods, as
+  vLLM 0.33 asks (`kv_both` is deprecated for it, nixl/connector.py NixlBaseConnector.__init__). Which leg a
+  request is stays decided per request by the router through `kv_transfer_params`: a decode pod given no
+  params prefills the prompt itself (the router's colocated fallback), whatever its role. With LMCache on
   (CPU offload, and p2p prefix sharing when enabled), vLLM's MultiConnector runs NIXL first (it answers for
-  the P->D hand-off) and LMCacheConnectorV1 second.
+  the P->D hand-off) and LMCacheConnectorV1 (kv_both: it stores and loads on every pod) second; each child
+  is its own KVTransferConfig with its own kv_role (multi_connector.py _get_connector_classes_and_configs).
 - LMCachePD: LMCacheConnectorV1 in LMCache's PD mode, prefill as `kv_producer`, decode as `kv_consumer`.
 """
 
@@ -17,14 +20,20 @@ EngineRole = Literal["prefill", "decode"]
 TransferMode = Literal["Nixl", "LMCachePD"]
 
 
-def nixl_connector() -> dict[str, Any]:
+# How long a prefill engine keeps a finished request's KV blocks for the decode engine that has not read them
+# (vLLM's default, made explicit because the pod's drain waits for it).
+KV_LEASE_SECONDS = 30
+
+
+def nixl_connector(role: EngineRole) -> dict[str, Any]:
     # "fail": a decode pod that cannot fetch the blocks errors out instead of silently recomputing the
     # prompt, so the router's fallback (serve colocated) is a visible decision rather than hidden ITL damage.
     return {
         "kv_connector": "NixlConnector",
-        "kv_role": "kv_both",
+        "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
         "kv_buffer_device": "cuda",
         "kv_load_failure_policy": "fail",
+        "kv_connector_extra_config": {"kv_lease_duration": KV_LEASE_SECONDS},
     }
 
 
@@ -50,11 +59,11 @@ def kv_transfer_config(role: EngineRole, mode: TransferMode, lmcache: bool) -> d
     if mode == "LMCachePD":
         return lmcache_pd_connector(role)
     if not lmcache:
-        return nixl_connector()
+        return nixl_connector(role)
     return {
         "kv_connector": "MultiConnector",
         "kv_role": "kv_both",
-        "kv_connector_extra_config": {"connectors": [nixl_connector(), lmcache_sharing_connector()]},
+        "kv_connector_extra_config": {"connectors": [nixl_connector(role), lmcache_sharing_connector()]},
     }
 
 

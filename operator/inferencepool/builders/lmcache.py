@@ -5,7 +5,10 @@ The file lands in a ConfigMap (one per pool) mounted into every engine pod and i
 LMCACHE_CONFIG_FILE. What differs between pods of one pool (their own IP for p2p and PD, their own instance
 id for the LMCache controller) cannot be in a shared file, so it is passed as LMCACHE_<KEY> environment
 variables, which LMCache applies over the file. Keys and their meaning are checked in tests against
-`lmcache.v1.config.LMCacheEngineConfig` itself.
+`lmcache.v1.config.LMCacheEngineConfig` itself; what each key does is in docs/engine-contract.md.
+
+Sizes in the spec are per pod; LMCache's are per tensor-parallel rank (every rank is its own LMCache worker
+with its own CPU tier, disk budget and PD buffer), so each is divided by the pool's TP size here.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ CONTROLLER_PULL_PORT = 8300
 CONTROLLER_REPLY_PORT = 8400
 
 GIB = 1024**3
+# LMCache admits a PD push only when all of its chunks fit and by default waits forever for room
+# (pd_allocation_timeout_sec inf); bounded, a push that finds no room fails before the router stops waiting
+# (30 s).
+PD_ALLOCATION_TIMEOUT_SECONDS = 20.0
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,8 @@ class LMCacheSettings:
     disk_gib: int
     controller_host: str  # DNS name of the LMCache controller Service (p2p)
     proxy_host: str  # DNS name of the router Service (LMCache PD mode notifications)
-    pd_buffer_gib: int = 2
+    pd_buffer_bytes: int = 2 * GIB  # per pod (split across TP ranks)
+    pd_max_prefill_len: int = 0  # tokens the PD buffer must hold (LMCache checks at start); 0: unchecked
 
 
 def p2p_init_ports(tp: int) -> list[int]:
@@ -86,7 +94,7 @@ def engine_config(role: EngineRole, settings: LMCacheSettings) -> dict[str, Any]
     config: dict[str, Any] = {
         "chunk_size": settings.chunk_size,
         "local_cpu": settings.cpu_offload_gib > 0,
-        "max_local_cpu_size": float(settings.cpu_offload_gib),
+        "max_local_cpu_size": per_rank_gib(settings.cpu_offload_gib, tp),
         **_disk(settings),
     }
     if not settings.p2p:
@@ -104,10 +112,18 @@ def engine_config(role: EngineRole, settings: LMCacheSettings) -> dict[str, Any]
     return config
 
 
+def per_rank_gib(pod_gib: int, tp: int) -> float:
+    """A per-pod size in GiB as LMCache's per-rank setting (GiB, 1024**3 bytes: local_cpu_backend.py)."""
+    return pod_gib / tp
+
+
 def _disk(settings: LMCacheSettings) -> dict[str, Any]:
     if settings.disk_gib <= 0:
         return {}
-    return {"local_disk": f"file://{LOCAL_DISK_PATH}/", "max_local_disk_size": float(settings.disk_gib)}
+    return {
+        "local_disk": f"file://{LOCAL_DISK_PATH}/",
+        "max_local_disk_size": per_rank_gib(settings.disk_gib, settings.tensor_parallel_size),
+    }
 
 
 def _pd_config(role: EngineRole, settings: LMCacheSettings, tp: int) -> dict[str, Any]:
@@ -118,11 +134,15 @@ def _pd_config(role: EngineRole, settings: LMCacheSettings, tp: int) -> dict[str
         "local_cpu": False,
         "max_local_cpu_size": 0.0,
         "enable_pd": True,
-        "pd_buffer_size": settings.pd_buffer_gib * GIB,
+        # per rank, on each rank's GPU; the sender stages the KV it pushes in a buffer of its own too
+        "pd_buffer_size": settings.pd_buffer_bytes // tp,
         "pd_buffer_device": "cuda",
+        "pd_allocation_timeout_sec": PD_ALLOCATION_TIMEOUT_SECONDS,
         "transfer_channel": "nixl",
         "nixl_backends": ["UCX"],
     }
+    if settings.pd_max_prefill_len > 0:
+        config["pd_max_prefill_len"] = settings.pd_max_prefill_len
     if role == "prefill":
         config.update(
             {"pd_role": "sender", "pd_proxy_host": settings.proxy_host, "pd_proxy_port": PD_PROXY_PORT}

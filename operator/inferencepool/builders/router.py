@@ -65,7 +65,7 @@ def router_config(pool: InferencePool, ref: PoolRef) -> RouterConfig:
         itl_target_milliseconds=itl or defaults.itl_target_milliseconds,
         percentile=known_target.percentile if known_target is not None else defaults.percentile,
     )
-    tp = spec.engine.tensor_parallel_size
+    tp = spec.tensor_parallel_size("decode")  # the receivers: the decode pool's ranks
     return RouterConfig(
         pool=ref.name,
         namespace=ref.namespace,
