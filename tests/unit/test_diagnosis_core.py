@@ -375,7 +375,7 @@ def test_short_prompt_traffic_is_better_served_colocated() -> None:
     assert result.verdict == "Decode"
     colocate = result.advice_of("Colocate")
     assert colocate is not None and colocate.replicas == 4
-    assert "prompts are short" in colocate.text and "no request uses it" in colocate.text
+    assert "prompts are short" in colocate.text and "no request uses the prefill pool" in colocate.text
 
 
 def test_the_what_if_withdraws_advice_it_contradicts() -> None:

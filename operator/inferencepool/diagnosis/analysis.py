@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from inferencepool.diagnosis.core import Diagnosis, WhatIfRow, diagnose, with_what_if
@@ -31,10 +32,11 @@ def analyse(
     *,
     what_if_seconds: float = DEFAULT_SECONDS,
     what_if_max_requests: int = DEFAULT_MAX_REQUESTS,
+    during: Sequence[Snapshot] = (),
 ) -> Analysis:
-    """Diagnose the window between two snapshots; with a profile, replay its traffic in the simulator and
-    withdraw advice the replay contradicts."""
-    measured = window(earlier, later)
+    """Diagnose the window between two snapshots (gauges from those `during` it); with a profile, replay
+    its traffic in the simulator and withdraw advice the replay contradicts."""
+    measured = window(earlier, later, during)
     diagnosis = diagnose(measured, settings)
     if profile is None or not diagnosis.enough_data:
         return Analysis(measured, diagnosis, None)

@@ -1,12 +1,13 @@
 """`inferencepool diagnose POOL [-n NS]`: which phase limits the pool, the evidence, what fits, and what the
-simulator predicts for the alternatives, from two snapshots of the pool's own metrics taken --seconds apart.
+simulator predicts for the alternatives, from snapshots of the pool's own metrics over --seconds.
 
 Live, it finds the pool's engine and router pods through the Kubernetes API (ready pods with an `http` port,
-as the autoscaler does) and reads each one's /metrics by pod IP; `--save DIR` keeps both snapshots.
-`--from-files A B` reads two saved snapshots instead, so no cluster is needed. A snapshot file is the pods'
-pages one after the other, each after a line `# inferencepool-diagnose pod=NAME role=prefill|decode|router`,
-the file starting with `# inferencepool-diagnose at=UNIX_SECONDS` (else the file's modification time). A file
-without pod lines is one page: a router's if it holds router metrics, else one colocated engine's.
+as the autoscaler does) and reads each one's /metrics by pod IP, at the start, every --sample-seconds (for the
+gauges) and at the end; `--save DIR` keeps the snapshots. `--from-files A ... B` reads saved snapshots
+instead, so no cluster is needed. A snapshot file is the pods' pages one after the other, each after a line
+`# inferencepool-diagnose pod=NAME role=prefill|decode|router`, the file starting with
+`# inferencepool-diagnose at=UNIX_SECONDS` (else the file's modification time). A file without pod lines is
+one page: a router's if it holds router metrics, else one colocated engine's.
 """
 
 from __future__ import annotations
@@ -38,8 +39,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--seconds", type=float, default=30.0, help="seconds between the two snapshots. Default: 30"
     )
     parser.add_argument(
-        "--from-files", nargs=2, metavar=("EARLIER", "LATER"), type=Path, default=None,
-        help="read two saved snapshots instead of scraping the pods",
+        "--sample-seconds", type=float, default=5.0,
+        help="read the gauges (queue, batch, KV cache) this often in between. Default: 5",
+    )  # fmt: skip
+    parser.add_argument(
+        "--from-files", nargs="+", metavar="FILE", type=Path, default=None,
+        help="read saved snapshots instead of scraping: the first and last make the window, any in "
+        "between give the gauges",
     )  # fmt: skip
     parser.add_argument("--save", type=Path, default=None, help="write both snapshots into this folder")
     parser.add_argument(
@@ -246,9 +252,11 @@ def run(args: argparse.Namespace) -> int:
         if args.pool_file is not None:
             pool = InferencePool.model_validate(yaml.safe_load(args.pool_file.read_text(encoding="utf-8")))
         if args.from_files is not None:
+            if len(args.from_files) < 2:
+                return fail("--from-files needs at least two snapshots (the window's start and end)")
             raws = [read_snapshot_file(path) for path in args.from_files]
             sources = [str(path) for path in args.from_files]
-            name = pool.name() if pool is not None else args.pool or sources[1]
+            name = pool.name() if pool is not None else args.pool or sources[-1]
         else:
             if not args.pool:
                 return fail("name the pool (inferencepool diagnose POOL -n NAMESPACE), or give --from-files")
@@ -265,22 +273,25 @@ def run(args: argparse.Namespace) -> int:
                     f"reading {args.namespace}/{args.pool} twice, {args.seconds:g} s apart ...",
                     file=sys.stderr,
                 )
-                first = _live_snapshot(kube, args.namespace, args.pool)
-                time.sleep(args.seconds)
-                raws = [first, _live_snapshot(kube, args.namespace, args.pool)]
+                raws = [_live_snapshot(kube, args.namespace, args.pool)]
+                end = raws[0][0] + args.seconds
+                while (left := end - time.time()) > 0:
+                    time.sleep(min(left, max(args.sample_seconds, 0.5)))
+                    raws.append(_live_snapshot(kube, args.namespace, args.pool))
             except KubeError as error:
                 return fail(f"Kubernetes API: {error}")
             finally:
                 kube.close()
-            if not raws[1][1]:
+            if not raws[-1][1]:
                 return fail(f"no ready pod of {args.namespace}/{args.pool} answered on /metrics")
-            sources = ["first snapshot", "second snapshot"]
+            sources = [f"snapshot {n}" for n in range(1, len(raws) + 1)]
             name = f"{args.namespace}/{args.pool}"
         if args.save is not None:
             args.save.mkdir(parents=True, exist_ok=True)
-            for label, raw in zip(("earlier", "later"), raws, strict=True):
-                (args.save / f"{label}.txt").write_text(snapshot_text(raw), encoding="utf-8")
-        earlier, later = (to_snapshot(raw, source) for raw, source in zip(raws, sources, strict=True))
+            for number, raw in enumerate(raws, start=1):
+                (args.save / f"snapshot-{number:03d}.txt").write_text(snapshot_text(raw), encoding="utf-8")
+        snapshots = [to_snapshot(raw, source) for raw, source in zip(raws, sources, strict=True)]
+        earlier, later = snapshots[0], snapshots[-1]
         settings = _settings(args, pool, later)
         profile = None
         if not args.no_what_if:
@@ -290,11 +301,13 @@ def run(args: argparse.Namespace) -> int:
                 profile = profile.with_overrides(
                     tensor_parallel=engine.tensor_parallel_size, max_model_len=engine.max_model_len
                 )
-        analysis = analyse(earlier, later, settings, profile, what_if_seconds=args.what_if_seconds)
+        analysis = analyse(
+            earlier, later, settings, profile, what_if_seconds=args.what_if_seconds, during=snapshots[1:-1]
+        )
     except (OSError, yaml.YAMLError, ValidationError, SnapshotFileError, WindowError, ValueError) as error:
         return fail(str(error))
     note = f"({profile.name}, {args.what_if_seconds:g} s of Poisson arrivals)" if profile is not None else ""
     print(render(name, analysis.diagnosis, settings, analysis.window.seconds, analysis.what_if, note), end="")
     if args.save is not None:
-        print(f"snapshots in {args.save}/earlier.txt and {args.save}/later.txt")
+        print(f"snapshots in {args.save}/ (inferencepool diagnose --from-files {args.save}/snapshot-*.txt)")
     return 0

@@ -40,7 +40,7 @@ MIN_REQUESTS: Final = 20  # fewer requests in the window say nothing about perce
 AIM: Final = 0.8  # a recommendation aims the limiting figure at 80% of its target
 HEADROOM: Final = 0.7  # a pool at or under 70% of its target can take more load
 SHORT_PROMPT_TOKENS: Final = 1024  # prompts this short gain nothing from a KV transfer
-LOW_CONCURRENCY: Final = 2.0  # running requests per decode engine
+LOW_CONCURRENCY: Final = 2.0  # requests in flight per decode engine
 REPETITIVE_HIT_RATE: Final = 0.3  # share of prompt tokens found in a prefix cache
 TAIL_FACTOR: Final = 2.0  # p99 this many times the target while p50 meets it: a tail, not capacity
 SMALL_TOKEN_BUDGET: Final = 2048  # vLLM's budget on smaller GPUs; a chunk this size stalls decodes briefly
@@ -381,6 +381,9 @@ def _evidence_common(case: _Case) -> None:
         if engines is None or engines.pods == 0:
             continue
         parts = []
+        in_flight = engines.in_flight(case.window.seconds)
+        if in_flight is not None:
+            parts.append(f"{in_flight:.1f} requests in flight/pod on average")
         if engines.waiting is not None:
             parts.append(f"queue {engines.waiting.mean:.1f} waiting/pod (max {engines.waiting.max:.0f})")
         if engines.running is not None:
@@ -495,23 +498,35 @@ def _advise_threshold(case: _Case, towards: Literal["decode", "prefill"], share_
     )
 
 
+def _decode_concurrency(case: _Case) -> float | None:
+    """Requests per decode engine: Little's law over the window, else the running gauge."""
+    decode = case.window.decode
+    if decode is None:
+        return None
+    in_flight = decode.in_flight(case.window.seconds)
+    if in_flight is not None:
+        return in_flight
+    return decode.running.mean if decode.running is not None else None
+
+
 def _advise_colocation(case: _Case) -> None:
     """Disaggregation does not pay for short prompts or low concurrency."""
     s, t = case.settings, case.traffic
     if not s.disaggregated:
         return
-    decode = case.window.decode
-    running = decode.running.mean if decode is not None and decode.running is not None else None
+    running = _decode_concurrency(case)
     reasons = []
     if t.prompt_p90 is not None and t.prompt_p90 < SHORT_PROMPT_TOKENS:
         reasons.append(f"prompts are short (p90 {t.prompt_p90:.0f} tokens)")
     if t.disaggregated_share is not None and t.disaggregated_share < 0.05:
         share = t.disaggregated_share
         reasons.append(
-            f"only {_pct(share)} of requests use the prefill pool" if share else "no request uses it"
+            f"only {_pct(share)} of requests use the prefill pool"
+            if share
+            else "no request uses the prefill pool"
         )
     if running is not None and running < LOW_CONCURRENCY:
-        reasons.append(f"concurrency is low ({running:.1f} running per decode engine)")
+        reasons.append(f"concurrency is low ({running:.1f} requests in flight per decode engine)")
     if not reasons:
         return
     gpus = s.prefill_replicas * s.gpus_per_replica
@@ -673,7 +688,8 @@ def _advise_prefill(case: _Case) -> None:
             Advice(
                 "AddPrefillReplicas",
                 f"{first}{what} {current} -> {wanted} (TTFT at p{s.percentile} is "
-                f"{case.ttft_load or 0:.1f}x the target)",
+                f"{case.ttft_load or 0:.1f}x the target; a queue inflates TTFT faster than load grows, so "
+                "this is an upper bound)",
                 replicas=wanted,
             )
         )

@@ -4,6 +4,7 @@ prompt lengths, and the what-if table."""
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 
 from inferencepool.autoscaler.histogram import Histogram
@@ -11,6 +12,14 @@ from inferencepool.diagnosis.core import Diagnosis, Latency, WhatIfRow
 from inferencepool.diagnosis.settings import PoolSettings
 
 BAR_WIDTH = 40
+WIDTH = 110
+
+
+def _item(marker: str, text: str) -> list[str]:
+    """A list item wrapped to the report's width, continuation lines under its text."""
+    return textwrap.wrap(text, WIDTH, initial_indent=marker, subsequent_indent=" " * len(marker))
+
+
 # What the what-if would need from the router to replay the traffic as it is rather than as a sketch.
 ROUTER_WISHES = (
     "a joint prompt x output length histogram (output lengths are drawn independently of prompt lengths "
@@ -113,16 +122,20 @@ def render(
         "",
         "latency",
         *_latency_rows(diagnosis.latencies, settings.percentile),
-        f"  {diagnosis.itl_definition}",
+        *_item("  ", diagnosis.itl_definition),
         "",
         "evidence",
-        *(f"  - {line}" for line in diagnosis.evidence),
+        *(wrapped for line in diagnosis.evidence for wrapped in _item("  - ", line)),
         "",
         "advice",
-        *(f"  {n}. {advice.text}" for n, advice in enumerate(diagnosis.advice, start=1)),
+        *(
+            wrapped
+            for n, advice in enumerate(diagnosis.advice, start=1)
+            for wrapped in _item(f"  {n}. ", advice.text)
+        ),
     ]
     if diagnosis.notes:
-        lines += ["", "notes", *(f"  - {note}" for note in diagnosis.notes)]
+        lines += ["", "notes", *(wrapped for note in diagnosis.notes for wrapped in _item("  - ", note))]
     if t.prompt is not None and t.prompt.count:
         lines += ["", "prompt lengths (router-counted tokens, requests per bucket)"]
         lines += prompt_histogram(t.prompt, settings.threshold_tokens if settings.disaggregated else None)
@@ -130,11 +143,13 @@ def render(
         lines += ["", f"what-if: this window's traffic replayed in the simulator {what_if_note}".rstrip()]
         if what_if:
             lines += what_if_table(what_if)
-            lines.append(
-                "  goodput: requests/s meeting both targets (TTFT, and each request's mean ITL: TPOT); "
-                "the sketch draws output lengths independently of prompt lengths"
+            lines += _item(
+                "  ",
+                "goodput: requests/s meeting both targets (TTFT, and each request's mean ITL: TPOT); the "
+                "sketch draws output lengths independently of prompt lengths",
             )
         else:
             lines.append("  no sketch: the window has no router prompt histogram or no decoded tokens")
-        lines += ["  the router should add, for a faithful replay:", *(f"    - {w}" for w in ROUTER_WISHES)]
+        lines.append("  the router should add, for a faithful replay:")
+        lines += [wrapped for wish in ROUTER_WISHES for wrapped in _item("    - ", wish)]
     return "\n".join(lines) + "\n"

@@ -33,6 +33,7 @@ WAITING: Final = "vllm:num_requests_waiting"
 RUNNING: Final = "vllm:num_requests_running"
 KV_USAGE: Final = "vllm:kv_cache_usage_perc"
 NIXL_TRANSFER: Final = "vllm:nixl_xfer_time_seconds"  # real vLLM with NixlConnector; the fake has none
+E2E: Final = "vllm:e2e_request_latency_seconds"
 ENGINE_COUNTERS: Final = (
     "vllm:prompt_tokens",
     "vllm:generation_tokens",
@@ -103,6 +104,7 @@ class EngineWindow:
     running: Gauge | None = None  # per pod
     kv_usage: Gauge | None = None  # 0..1, per pod
     nixl_transfer: Histogram | None = None
+    e2e: Histogram | None = None  # request latency on this engine, arrival to last token
 
     def counter(self, name: str) -> float | None:
         return self.counters.get(name)
@@ -110,6 +112,13 @@ class EngineWindow:
     @property
     def requests(self) -> float:
         return self.counters.get("vllm:request_success", 0.0)
+
+    def in_flight(self, seconds: float) -> float | None:
+        """Requests in flight per pod on average over the window, by Little's law: the seconds requests
+        spent on these engines divided by the window (robust where two gauge readings are not)."""
+        if self.e2e is None or self.e2e.count <= 0 or seconds <= 0 or self.pods <= 0:
+            return None
+        return self.e2e.sum / seconds / self.pods
 
     @property
     def computed_prompt_tokens(self) -> float:
@@ -214,7 +223,12 @@ def _engine_window(pairs: Sequence[tuple[Page | None, Page]], gauge_pages: Seque
     summer = _Summer()
     counter_totals: dict[str, float] = {}
     for earlier, later in pairs:
-        for key, metric in (("ttft", TTFT_METRIC), ("itl", ITL_METRIC), ("nixl", NIXL_TRANSFER)):
+        for key, metric in (
+            ("ttft", TTFT_METRIC),
+            ("itl", ITL_METRIC),
+            ("nixl", NIXL_TRANSFER),
+            ("e2e", E2E),
+        ):
             summer.histogram(
                 key,
                 read_histogram(earlier, metric) if earlier is not None else None,
@@ -237,6 +251,7 @@ def _engine_window(pairs: Sequence[tuple[Page | None, Page]], gauge_pages: Seque
         running=Gauge.of([v for p in gauge_pages for v in _gauges(p, RUNNING)]),
         kv_usage=Gauge.of([v for p in gauge_pages for v in _gauges(p, KV_USAGE)]),
         nixl_transfer=summer.histograms.get("nixl"),
+        e2e=summer.histograms.get("e2e"),
     )
 
 
@@ -284,29 +299,30 @@ def _router_window(pairs: Sequence[tuple[Page | None, Page]], gauge_pages: Seque
     )
 
 
-def window(earlier: Snapshot, later: Snapshot) -> PoolWindow:
+def window(earlier: Snapshot, later: Snapshot, during: Sequence[Snapshot] = ()) -> PoolWindow:
     """What the pool did between two snapshots.
 
     A pod in both snapshots contributes its differences; a pod that appeared in between contributes all it
-    reports (it started inside the window); a pod gone by the later snapshot contributes nothing.
+    reports (it started inside the window); a pod gone by the later snapshot contributes nothing. Gauges are
+    read from the snapshots `during` the window when there are any (the ends of a window are often idle
+    moments), else from both ends.
     """
     seconds = later.at - earlier.at
     if seconds <= 0:
         raise WindowError(f"the later snapshot must be taken after the earlier one (got {seconds:g} s apart)")
     before = {(p.role, p.pod): p.page for p in earlier.pages}
     roles: dict[PodRole, list[tuple[Page | None, Page]]] = {}
-    gauges: dict[PodRole, list[Page]] = {}
     for pod in later.pages:
         roles.setdefault(pod.role, []).append((before.get((pod.role, pod.pod)), pod.page))
-        gauges.setdefault(pod.role, []).append(pod.page)
-    for pod in earlier.pages:
-        if any(p.pod == pod.pod and p.role == pod.role for p in later.pages):
+    gauges: dict[PodRole, list[Page]] = {}
+    for snapshot in during or (earlier, later):
+        for pod in snapshot.pages:
             gauges.setdefault(pod.role, []).append(pod.page)
     if not roles:
         raise WindowError("the later snapshot holds no metrics page")
     return PoolWindow(
         seconds=seconds,
-        prefill=_engine_window(roles["prefill"], gauges["prefill"]) if "prefill" in roles else None,
-        decode=_engine_window(roles["decode"], gauges["decode"]) if "decode" in roles else None,
-        router=_router_window(roles["router"], gauges["router"]) if "router" in roles else None,
+        prefill=_engine_window(roles["prefill"], gauges.get("prefill", [])) if "prefill" in roles else None,
+        decode=_engine_window(roles["decode"], gauges.get("decode", [])) if "decode" in roles else None,
+        router=_router_window(roles["router"], gauges.get("router", [])) if "router" in roles else None,
     )
