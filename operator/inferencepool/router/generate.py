@@ -78,7 +78,7 @@ class Orchestrator:
         decode_pod: Pod | None = None
         if route is Route.DISAGGREGATED:
             handoff = await self.transfer.prefill(
-                ClientRequest(request.path, endpoint, body, headers, affinity, prompt)
+                ClientRequest(request.path, endpoint, raw, body, headers, affinity, prompt)
             )
             if handoff is None or handoff.payload is None:
                 route = Route.FALLBACK  # counted by reason where it failed

@@ -38,6 +38,7 @@ class ClientRequest:
 
     path: str
     endpoint: Endpoint
+    raw: bytes  # the client's body as it sent it
     body: dict[str, Any]
     headers: list[tuple[str, str]]
     affinity: int | None
@@ -144,21 +145,37 @@ class LMCachePDTransfer(_PrefillLegs):
         self.notifications = notifications
 
     async def prefill(self, request: ClientRequest) -> Handoff | None:
-        """Returns the decode leg's Handoff, or None when the request should be served colocated (counted
-        here; after a missing push it is still pinned to the decode pod chosen, see Orchestrator)."""
+        """Returns the decode leg's Handoff (the client's body, to the pod the KV was pushed to), or None
+        when the request should be served colocated (counted here; after a missing push it is still pinned
+        to the decode pod chosen). See handshake.py for why the prefill leg is the prompt's ids less the
+        last one."""
         settings = self.config.lmcache_pd
         decode_pod = self.legs.pods.pick("decode", time.monotonic())
         if decode_pod is None:
             return None  # the decode leg will say no decode pod is ready
+        unsupported = _unsplittable(request)
+        if unsupported is not None:
+            log.debug("LMCache PD cannot split this request (%s): serving it colocated", unsupported)
+            self.metrics.fallbacks.labels("lmcache_pd_unsupported").inc()
+            return Handoff(None, decode_pod)
+        token_ids = await self._prompt_ids(request, decode_pod)
+        if token_ids is None:
+            self.metrics.fallbacks.labels("tokenize_failed").inc()
+            return Handoff(None, decode_pod)
+        if len(token_ids) < 2:  # nothing to push: the decode pod computes the one token itself
+            self.metrics.fallbacks.labels("lmcache_pd_unsupported").inc()
+            return Handoff(None, decode_pod)
         # The router's own id: a client's X-Request-Id may repeat, a transfer id must not.
         transfer_id = uuid.uuid4().hex
         pushed = self.notifications.expect(transfer_id, len(settings.receiver_init_ports))
         started = time.monotonic()
         payload = orjson.dumps(
-            handshake.lmcache_prefill_body(request.body, transfer_id, decode_pod.host, settings)
+            handshake.lmcache_prefill_ids_body(
+                request.body, token_ids, transfer_id, decode_pod.host, settings
+            )
         )
         try:
-            answered = await self._prefill_leg(request, payload)
+            answered = await self._prefill_leg(request, payload, "/v1/completions")
             if answered is None:
                 return None
             try:
@@ -176,4 +193,55 @@ class LMCachePDTransfer(_PrefillLegs):
         finally:
             self.notifications.discard(transfer_id)
         self._done(started)
-        return Handoff(orjson.dumps(handshake.lmcache_decode_body(request.body)), decode_pod)
+        return Handoff(request.raw, decode_pod)
+
+    async def _prompt_ids(self, request: ClientRequest, pod: Pod) -> list[int] | None:
+        """The prompt's token ids as the decode engine computes them: the client's own, or its /tokenize."""
+        if request.prompt.token_ids:
+            return list(request.prompt.token_ids[0])
+        query = handshake.tokenize_body(request.body, request.endpoint == "chat")
+        try:
+            answer = await self.legs.upstream.post(
+                pod.url + "/tokenize",
+                orjson.dumps(query),
+                (("Content-Type", "application/json"),),
+                stream=False,
+                timeout_seconds=self.config.timeouts.prefill_seconds,
+            )
+            try:
+                if answer.status != 200:
+                    detail = (await answer.body())[:300].decode(errors="replace")
+                    log.warning("/tokenize on %s answered %d: %s", pod.name, answer.status, detail)
+                    return None
+                tokens = orjson.loads(await answer.body()).get("tokens")
+            finally:
+                answer.close()
+        except (UpstreamFailure, ValueError, AttributeError) as error:
+            self.metrics.upstream_errors.labels(pod.name, pod.role, "tokenize").inc()
+            log.warning("/tokenize on %s failed: %s", pod.name, error)
+            return None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            return None
+        return tokens
+
+
+def _unsplittable(request: ClientRequest) -> str | None:
+    """Why the prefill leg could not push exactly the chunks the decode leg will look up, or None.
+
+    Batched prompts (one /tokenize each, and the decode leg a batch), prompts the engine rewrites
+    (truncate_prompt_tokens) and multimodal chat content (LMCache folds the media hashes into its chunk keys,
+    which token ids alone cannot reproduce).
+    """
+    prompt, body = request.prompt, request.body
+    if len(prompt.texts) + len(prompt.token_ids) > 1:
+        return "a batch of prompts"
+    if body.get("truncate_prompt_tokens") is not None:
+        return "truncate_prompt_tokens"
+    if request.endpoint == "chat":
+        for message in body["messages"]:
+            content = message.get("content")
+            if isinstance(content, list) and any(
+                not isinstance(part, dict) or part.get("type", "text") != "text" for part in content
+            ):
+                return "multimodal content"
+    return None
