@@ -1,0 +1,104 @@
+"""InferencePool objects as the operator writes them, in the states a GitOps tool must tell apart: built from
+examples/demo-cpu.yaml and the operator's own status code (inferencepool.controller.status), so they follow
+what the operator really writes."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from inferencepool.api.v1alpha1 import InferencePool
+from inferencepool.controller.status import (
+    ConditionValue,
+    MissingReference,
+    Observed,
+    ReconcileOutcome,
+    WorkloadState,
+    compute_status,
+    status_document,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+ENDPOINT = "http://demo.default.svc/v1"
+
+
+def manifest(generation: int = 1) -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "demo-cpu.yaml").read_text())
+    document["metadata"] |= {"namespace": "default", "generation": generation, "uid": "0000-demo"}
+    return document
+
+
+def workload(kind: str, name: str, desired: int, ready: int, generation: int = 1) -> WorkloadState:
+    return WorkloadState(
+        kind=kind, name=name, generation=generation, observed_generation=generation, desired=desired,
+        replicas=desired, ready=ready, updated=desired, current_revision="r1", update_revision="r1",
+    )  # fmt: skip
+
+
+def observed(ready: bool) -> Observed:
+    return Observed(
+        {
+            "prefill": workload("StatefulSet", "demo-prefill", 1, 1 if ready else 0),
+            "decode": workload("StatefulSet", "demo-decode", 2, 2 if ready else 0),
+            "router": workload("Deployment", "demo-router", 1, 1 if ready else 0),
+        }
+    )
+
+
+def with_status(
+    document: dict[str, Any],
+    seen: Observed,
+    outcome: ReconcileOutcome,
+    limited: ConditionValue | None = None,
+) -> dict[str, Any]:
+    pool = InferencePool.model_validate(document)
+    status = compute_status(pool, document["metadata"]["generation"], outcome, seen, ENDPOINT, NOW)
+    figures: dict[str, Any] = {}
+    return {**copy.deepcopy(document), "status": status_document(pool, status, figures, limited, NOW)}
+
+
+def new() -> dict[str, Any]:
+    """Just applied: the operator has written nothing yet."""
+    return manifest()
+
+
+def loading() -> dict[str, Any]:
+    """Children created, engines still loading the model: no pod ready."""
+    return with_status(manifest(), observed(ready=False), ReconcileOutcome(generation=1))
+
+
+def ready() -> dict[str, Any]:
+    return with_status(manifest(), observed(ready=True), ReconcileOutcome(generation=1))
+
+
+def degraded() -> dict[str, Any]:
+    missing = MissingReference("Secret", "hf-token", "spec.model.tokenSecret")
+    return with_status(manifest(), observed(ready=False), ReconcileOutcome(generation=1, missing=(missing,)))
+
+
+def limited() -> dict[str, Any]:
+    """Serving, but the autoscaler wants more prefill replicas than maxReplicas."""
+    condition = ConditionValue("True", "AtMaxReplicas", "prefill wants 5 replicas, maxReplicas is 3")
+    return with_status(manifest(), observed(ready=True), ReconcileOutcome(generation=1), condition)
+
+
+def spec_changed() -> dict[str, Any]:
+    """A new generation the operator has not observed yet (status still from generation 1)."""
+    document = ready()
+    document["metadata"]["generation"] = 2
+    return document
+
+
+STATES = {
+    "new": new,
+    "loading": loading,
+    "ready": ready,
+    "degraded": degraded,
+    "limited": limited,
+    "spec_changed": spec_changed,
+}
