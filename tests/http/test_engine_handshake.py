@@ -42,7 +42,7 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 def prefill_leg(body: dict[str, Any]) -> dict[str, Any]:
-    """What vLLM's proxy sends the prefill pod (engine-contract.md, handshake step 2)."""
+    """What vLLM's proxy sends the prefill pod (docs/engine-contract.md, section 3, handshake)."""
     leg = {k: v for k, v in body.items() if k not in ("stream", "stream_options", "min_tokens")}
     leg.update(max_tokens=1, stream=False)
     leg["kv_transfer_params"] = {

@@ -109,7 +109,7 @@ async def metric(http: aiohttp.ClientSession, engine: RunningEngine, name: str) 
 
 
 def prefill_leg(prompt: str | list[int], req_id: str, decode: RunningEngine) -> dict[str, Any]:
-    """What LMCache's disagg proxy sends the prefill engine (engine-contract.md, LMCache PD mode)."""
+    """What LMCache's disagg proxy sends the prefill engine (docs/engine-contract.md, "LMCache PD mode")."""
     return {
         "model": MODEL,
         "prompt": prompt,

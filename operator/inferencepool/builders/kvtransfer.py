@@ -1,6 +1,6 @@
 """`--kv-transfer-config` for vLLM 0.33: how a prefill pod hands its KV cache to a decode pod.
 
-Two transfer modes (docs/engine-contract.md, "KV transfer configs"):
+Two transfer modes (docs/engine-contract.md, sections 2-3 and "LMCache PD mode"):
 - Nixl: vLLM's NixlConnector, `kv_role: kv_producer` on prefill pods and `kv_consumer` on decode pods, as
   vLLM 0.33 asks (`kv_both` is deprecated for it, nixl/connector.py NixlBaseConnector.__init__). Which leg a
   request is stays decided per request by the router through `kv_transfer_params`: a decode pod given no

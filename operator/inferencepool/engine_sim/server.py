@@ -1,5 +1,5 @@
 """The fake engine's HTTP shell: vLLM's OpenAI-compatible API around the pure EngineCore, driven in wall-clock
-time.
+time. What it reproduces of vLLM and LMCache, and where in their code, is docs/engine-contract.md.
 
 Two listeners, as vLLM has:
 - the API port (--port): /v1/completions, /v1/chat/completions, /tokenize, /v1/models, /health, /version,
