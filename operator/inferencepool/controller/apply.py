@@ -24,6 +24,13 @@ from inferencepool.builders import Manifest
 from inferencepool.kube import Kube, KubeError
 from inferencepool.kube.fields import replicas_document, replicas_managers
 
+SPEC_ORIGIN = {
+    "prefill": "spec.prefill",
+    "decode": "spec.decode",
+    "router": "spec.router",
+    "lmcache-controller": "spec.kvCache.p2p",
+}
+
 
 class ChildApplyError(KubeError):
     """The API server refused one child: which one, and its answer (which names the child's field)."""
@@ -31,9 +38,14 @@ class ChildApplyError(KubeError):
     def __init__(self, manifest: Manifest, error: KubeError) -> None:
         super().__init__(error.status, error.reason, error.message)
         self.kind, self.name = key(manifest)
+        role = manifest["metadata"].get("labels", {}).get(labels.LABEL_ROLE)
+        self.origin = SPEC_ORIGIN.get(role, "spec")  # where in the pool's spec the refused child comes from
 
     def __str__(self) -> str:
-        return f"{self.kind} {self.name!r} was refused: {self.status} {self.reason}: {self.message}"
+        return (
+            f"{self.kind} {self.name!r} (from {self.origin}) was refused: "
+            f"{self.status} {self.reason}: {self.message}"
+        )
 
 
 @dataclass

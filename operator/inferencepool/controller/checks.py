@@ -1,6 +1,6 @@
 """What the API server accepts in a pool but cannot accept in its children, found before anything is applied
-(pure). Admission refuses most of it (CEL on the name and extraEnv, bounds on sizes), but a CRD installed
-before those rules, or a pass-through field, can still let it in; then the pool is Degraded with the field
+(pure). Admission and the models refuse most of it (the name, extraEnv, bounds on sizes), but pass-through
+fields and a CRD installed before those bounds can still let it in; then the pool is Degraded with the field
 named, instead of failing on every retry.
 """
 
@@ -15,11 +15,8 @@ from inferencepool.api.v1alpha1 import InferencePool
 from inferencepool.builders import Manifest, pool_children
 from inferencepool.controller.status import SpecProblem
 
-DNS_LABEL_MAX = 63
-# A StatefulSet labels its pods `controller-revision-hash: <name>-<hash of up to 10 characters>`, a label
-# value of at most 63 characters.
-STATEFULSET_NAME_MAX = DNS_LABEL_MAX - 11
-DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# resource.Quantity's form, as the API server checks it (after the CRD let the pass-through subtree in).
+QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
 # kopf records the last handled spec in an annotation; the API server allows 256 KiB of annotations.
 ANNOTATIONS_MAX_BYTES = 256 * 1024
 ANNOTATIONS_MARGIN_BYTES = 16 * 1024  # kopf's own progress records, labels, annotations already there
@@ -33,30 +30,26 @@ def rendered_children(pool: InferencePool) -> list[Manifest] | SpecProblem:
         return SpecProblem("InvalidSpec", str(error))
 
 
-def name_problem(pool: InferencePool, children: list[Manifest]) -> SpecProblem | None:
-    """A pool name that makes a child's name one Kubernetes refuses (Services are DNS-1035 labels)."""
-    name = pool.name()
-    limits = {"Service": DNS_LABEL_MAX, "StatefulSet": STATEFULSET_NAME_MAX}
-    fits = min(
-        limit - (len(c["metadata"]["name"]) - len(name))
-        for c in children
-        if (limit := limits.get(c["kind"])) is not None
-    )
-    for child in children:
-        child_name, limit = child["metadata"]["name"], limits.get(child["kind"])
-        if limit is not None and len(child_name) > limit:
-            return SpecProblem(
-                "NameTooLong",
-                f"metadata.name {name!r} is too long for its children: {child['kind']} {child_name!r} would "
-                f"have {len(child_name)} characters (at most {limit}); a pool name of at most {fits} "
-                "characters fits",
-            )
-        if child["kind"] == "Service" and not DNS_1035_LABEL.match(child_name):
-            return SpecProblem(
-                "InvalidName",
-                f"metadata.name {name!r} cannot name a Service ({child_name!r}): it must start with a "
-                "lowercase letter and hold only lowercase letters, digits and '-'",
-            )
+def resources_problem(pool: InferencePool) -> SpecProblem | None:
+    """A requests/limits value that is not a Kubernetes quantity (the CRD passes resources through)."""
+    sections = {
+        "spec.prefill.resources": pool.spec.prefill.resources,
+        "spec.decode.resources": pool.spec.decode.resources,
+        "spec.router.resources": pool.spec.router.resources,
+    }
+    for path, resources in sections.items():
+        for part in ("requests", "limits"):
+            amounts = resources.get(part) or {}
+            if not isinstance(amounts, Mapping):
+                return SpecProblem("InvalidSpec", f"{path}.{part} must map resource names to quantities")
+            for name, amount in amounts.items():
+                if isinstance(amount, bool) or not (
+                    isinstance(amount, int | float) or (isinstance(amount, str) and QUANTITY.match(amount))
+                ):
+                    return SpecProblem(
+                        "InvalidSpec",
+                        f"{path}.{part}.{name}: {amount!r} is not a Kubernetes quantity (e.g. 500m, 2, 16Gi)",
+                    )
     return None
 
 

@@ -19,7 +19,7 @@ from inferencepool.api import labels
 from inferencepool.api.v1alpha1 import API_VERSION, InferencePool
 from inferencepool.builders import Manifest
 from inferencepool.controller.apply import ApplyReport, apply_children
-from inferencepool.controller.checks import name_problem, rendered_children, size_problem
+from inferencepool.controller.checks import rendered_children, resources_problem, size_problem
 from inferencepool.controller.context import OperatorContext, PoolMemory
 from inferencepool.controller.events import post_event
 from inferencepool.controller.references import find_missing
@@ -78,7 +78,7 @@ def _checked_children(
     problem = (
         children
         if isinstance(children, SpecProblem)
-        else name_problem(pool, children) or size_problem(body.get("spec") or {})
+        else resources_problem(pool) or size_problem(body.get("spec") or {})
     )
     if problem is not None:
         _record_problem(memory, body, generation, problem)

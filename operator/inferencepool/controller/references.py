@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from inferencepool.api.v1alpha1 import InferencePool
 from inferencepool.controller.status import MissingReference
-from inferencepool.kube import Kube
+from inferencepool.kube import Kube, KubeError
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,14 @@ def find_missing(kube: Kube, pool: InferencePool) -> tuple[MissingReference, ...
     """References that do not resolve: absent objects, or a Secret without the named key."""
     missing = []
     for ref in pool_references(pool):
-        obj = kube.get("v1", ref.kind, pool.namespace(), ref.name)
+        try:
+            obj = kube.get("v1", ref.kind, pool.namespace(), ref.name)
+        except KubeError as error:
+            # The install may deny reading it (the chart's rbac.readSecrets / rbac.secretNames): then it is
+            # not checked here, and a missing one shows on the pods that need it.
+            if error.status == 403:
+                continue
+            raise
         if obj is None:
             missing.append(MissingReference(ref.kind, ref.name, ref.field))
         elif ref.key is not None and ref.key not in (obj.get("data") or {}):
