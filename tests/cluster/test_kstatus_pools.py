@@ -1,0 +1,118 @@
+"""kstatus (sigs.k8s.io/cli-utils, what Flux and kpt wait with) on InferencePools: recorded objects in each
+state, and a live pool of the local cluster from creation until it serves.
+
+tests/kstatus/ is a tiny Go program over the library (its go.mod/go.sum pin the version), built here on first
+use with the Go toolchain the control plane is built with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from tests.cluster.operator_fixtures import (
+    admin_kube,
+    crd_installed,
+    example,
+    get_pool,
+    kubectl_ok,
+    operator,
+    operator_kubeconfig,
+)
+from tests.unit import recorded_pools
+
+from inferencepool.cluster import build
+from inferencepool.controller.context import OperatorContext
+from inferencepool.kube import Kube
+
+if TYPE_CHECKING:
+    from tests.support.cluster import TestCluster
+
+__all__ = ["admin_kube", "crd_installed", "operator", "operator_kubeconfig"]
+
+SOURCE = Path(__file__).resolve().parents[1] / "kstatus"
+POOL = "gitops"
+
+
+@pytest.fixture(scope="session")
+def kstatus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    build.go_environment()  # a clear error when Go is missing or too old
+    binary = tmp_path_factory.mktemp("kstatus") / "kstatus-check"
+    env = {**os.environ, "CGO_ENABLED": "0"}
+    result = subprocess.run(
+        ["go", "build", "-trimpath", "-buildvcs=false", "-o", str(binary), "."],
+        cwd=SOURCE, env=env, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return binary
+
+
+def compute(binary: Path, *objects: dict[str, Any]) -> list[tuple[str, str]]:
+    result = subprocess.run(
+        [str(binary)], input=json.dumps(objects), capture_output=True, text=True, timeout=30, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    return [(r["status"], r["message"]) for r in map(json.loads, result.stdout.splitlines())]
+
+
+@pytest.mark.parametrize(
+    ("state", "expected"),
+    [("loading", "InProgress"), ("ready", "Current"), ("limited", "Current"), ("spec_changed", "InProgress")],
+)
+def test_kstatus_reads_recorded_pools(kstatus: Path, state: str, expected: str) -> None:
+    ((status, message),) = compute(kstatus, recorded_pools.STATES[state]())
+    assert status == expected, message
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="status has no Stalled=True while Degraded=True, so kstatus waits on a degraded pool (InProgress, "
+    "from Ready=False) instead of failing it",
+)
+def test_kstatus_fails_a_degraded_pool(kstatus: Path) -> None:
+    ((status, message),) = compute(kstatus, recorded_pools.degraded())
+    assert status == "Failed", message
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="status has no Reconciling=True during a rollout, so kstatus reads a serving pool that is rolling "
+    "out a new spec as Current (it reads Ready=True)",
+)
+def test_kstatus_waits_for_a_rollout_of_a_serving_pool(kstatus: Path) -> None:
+    obj = recorded_pools.ready()
+    for condition in obj["status"]["conditions"]:
+        if condition["type"] == "Progressing":
+            condition |= {"status": "True", "reason": "RollingOut", "message": "rolling out generation 1"}
+    ((status, message),) = compute(kstatus, obj)
+    assert status == "InProgress", message
+
+
+def test_kstatus_on_a_live_pool_from_creation_until_it_serves(
+    cluster: TestCluster, operator: OperatorContext, admin_kube: Kube, namespace: str, kstatus: Path
+) -> None:
+    document = example("demo-cpu.yaml")
+    document["metadata"] = {"name": POOL, "namespace": namespace}
+    for role in ("prefill", "decode"):
+        document["spec"][role].pop("autoscaling")
+    kubectl_ok(cluster, "apply", "-f", "-", input_text=json.dumps(document))
+    seen: list[tuple[str, str]] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        pool = get_pool(admin_kube, namespace, POOL)
+        assert pool is not None
+        ((status, message),) = compute(kstatus, pool)
+        if not seen or seen[-1][0] != status:
+            seen.append((status, message))
+        ready = [c for c in (pool.get("status") or {}).get("conditions", []) if c["type"] == "Ready"]
+        if ready and ready[0]["status"] == "True":
+            break
+        time.sleep(0.5)
+    assert seen and seen[-1][0] == "Current", seen
+    # While the engines started (no pod ready yet) kstatus waited.
+    assert any(status == "InProgress" and "no ready" in message for status, message in seen), seen
