@@ -11,7 +11,7 @@ import pytest
 
 from inferencepool.autoscaler import planner as p
 from inferencepool.autoscaler.capacity import CapacityModel, from_profile
-from inferencepool.autoscaler.forecast import Forecaster
+from inferencepool.autoscaler.forecast import BurstMemory, Forecaster
 from inferencepool.engine_sim import timing
 from inferencepool.engine_sim.profiles import get_profile
 
@@ -251,3 +251,26 @@ def test_forecaster_trend_and_peak() -> None:
     assert Forecaster().forecast(0, 10) is None
     with pytest.raises(ValueError, match="time order"):
         falling.observe(10, 1.0)
+
+
+def test_a_burst_shorter_than_a_model_load_is_held_for_the_burst_memory() -> None:
+    """6 s of prefill work arriving within 2 s needs 6 / (2 + 1 s target) = 2 replicas to drain in time."""
+    planner = p.Planner(settings(burst_memory_seconds=60.0, burst_quantile=1.0), MODEL)
+
+    def with_burst(now: float, burst: float | None, prefill: int) -> p.Plan:
+        quiet = observe(now, 0.1, prefill=prefill)
+        assert quiet.to_prefill is not None
+        load = p.RouteLoad(quiet.to_prefill.prompts, quiet.to_prefill.prompt_tokens, None, burst)
+        return planner.decide(
+            p.Observation(now, INTERVAL, load, quiet.direct, 0, quiet.prefill, quiet.decode)
+        )
+
+    assert with_burst(15, 6.0, 1).prefill.replicas == 2
+    replicas = 2
+    for i in range(2, 10):  # quiet intervals: held while the burst is remembered, then one step down
+        replicas = with_burst(15 * i, 0.0, replicas).prefill.replicas
+        assert replicas == (2 if 15 * i <= 75 else 1)
+    memory = BurstMemory(memory_seconds=100, quantile=0.5)
+    for t, v in ((0, 1.0), (10, 5.0), (20, 3.0)):
+        memory.observe(t, v)
+    assert memory.level() == 3.0

@@ -26,6 +26,7 @@ def planned(prefill_min: int, load: float = 20.0) -> PlannerScaling:
             scale_down_delay_seconds=10,
             peak_seconds=20,
             trend_seconds=30,
+            burst_memory_seconds=30,
         ),
         window_seconds=10,
     )

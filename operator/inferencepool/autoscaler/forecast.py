@@ -12,6 +12,7 @@ With fewer than two samples the forecast is the latest sample (or None: nothing 
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -56,3 +57,28 @@ class Forecaster:
         slope = sum((t - mean_t) * (v - mean_v) for t, v in recent) / spread if spread > 0 else 0.0
         trend = max(0.0, mean_v + slope * (now + horizon - mean_t))
         return Forecast(max(trend, peak), latest, trend, peak, slope)
+
+
+class BurstMemory:
+    """The q-quantile (nearest rank) of samples over the last `memory_seconds`: how big a burst the pool
+    should be ready for. Bursts shorter than a model load cannot be followed, only held capacity for; q
+    trades GPU-hours for attainment (1.0 holds the largest burst of the memory)."""
+
+    def __init__(self, memory_seconds: float = 1800.0, quantile: float = 0.99) -> None:
+        if memory_seconds <= 0 or not 0 < quantile <= 1:
+            raise ValueError("memory_seconds must be > 0 and quantile within (0, 1]")
+        self.memory_seconds = memory_seconds
+        self.quantile = quantile
+        self._samples: deque[tuple[float, float]] = deque()
+
+    def observe(self, now: float, value: float) -> None:
+        self._samples.append((now, value))
+        while self._samples and self._samples[0][0] < now - self.memory_seconds:
+            self._samples.popleft()
+
+    def level(self) -> float:
+        if not self._samples:
+            return 0.0
+        values = sorted(v for _, v in self._samples)
+        rank = max(1, math.ceil(self.quantile * len(values)))
+        return values[rank - 1]

@@ -17,6 +17,9 @@ Demand, in engine-seconds of work per second (`capacity.CapacityModel`):
 
 Forecast: the prefill pool's and the decode pool's demand one model load plus one interval ahead
 (`forecast.Forecaster`: trend and recent peak), times the correction, the latency factor and the headroom.
+Bursts shorter than a model load cannot be followed, so each role also holds enough to drain the q-quantile
+burst of the last half hour (the most prefill work that arrived within `burst_window_seconds`, as the
+router counts it) within the TTFT target.
 
 Capacity of one replica at the target:
 - prefill: a utilisation cap from the TTFT target, M/D/1 style. With S the service time of the mean prompt,
@@ -46,7 +49,7 @@ import math
 from dataclasses import dataclass, field
 
 from inferencepool.autoscaler.capacity import CapacityModel
-from inferencepool.autoscaler.forecast import Forecaster
+from inferencepool.autoscaler.forecast import BurstMemory, Forecaster
 
 # Reasons (CamelCase, as in Kubernetes conditions and events).
 FORECAST_UP = "ForecastUp"
@@ -101,6 +104,9 @@ class PlannerSettings:
     scale_down_delay_seconds: float = 60.0
     trend_seconds: float = 300.0
     peak_seconds: float = 120.0
+    burst_window_seconds: float = 2.0  # what the router's burst_work_seconds counts over
+    burst_memory_seconds: float = 1800.0
+    burst_quantile: float = 0.99
 
     def __post_init__(self) -> None:
         if self.ttft_target_seconds <= 0 or self.itl_target_seconds <= 0:
@@ -126,6 +132,7 @@ class RouteLoad:
     prompts: int
     prompt_tokens: int
     work_seconds: float | None = None  # sum of the capacity model's prefill cost per prompt, if counted
+    burst_work_seconds: float | None = None  # the most of that work arriving in any burst window
 
     def work(self, model: CapacityModel) -> float:
         if self.work_seconds is not None:
@@ -196,6 +203,7 @@ class _RoleState:
     correction: float = 1.0
     latency_factor: float = 1.0
     last_scale_up: float | None = None
+    bursts: BurstMemory | None = None
 
 
 def _utilisation_cap(target: float, service: float, wait_factor: float, ceiling: float) -> float:
@@ -213,6 +221,7 @@ class Planner:
     def __init__(self, settings: PlannerSettings, model: CapacityModel) -> None:
         self.settings = settings
         self.model = model
+        self._now = 0.0
         self._state = {"prefill": _RoleState(), "decode": _RoleState()}
 
     def _forecast(self, role: str, signal: str, now: float, value: float) -> float:
@@ -227,6 +236,17 @@ class Planner:
         result = forecaster.forecast(now, horizon)
         assert result is not None
         return result.value
+
+    def _burst(self, role: str, load: RouteLoad) -> float:
+        """Engine-seconds per second that drain the q-quantile burst of recent memory within the TTFT
+        target: bursts shorter than a model load are held for, not followed."""
+        s = self.settings
+        state = self._state[role]
+        if state.bursts is None:
+            state.bursts = BurstMemory(s.burst_memory_seconds, s.burst_quantile)
+        if load.burst_work_seconds is not None:
+            state.bursts.observe(self._now, load.burst_work_seconds)
+        return state.bursts.level() / (s.burst_window_seconds + s.ttft_target_seconds)
 
     def _correct(self, role: str, observed: float | None, predicted: float) -> None:
         state = self._state[role]
@@ -261,6 +281,7 @@ class Planner:
             return self._keep(obs, "router or engine counters missing for this interval")
         interval = max(obs.interval_seconds, 1e-9)
         model = self.model
+        self._now = obs.now
 
         # ----- prefill -----
         w_p = obs.to_prefill.work(model) / interval
@@ -289,7 +310,8 @@ class Planner:
             * s.headroom
             * p_state.latency_factor
         )
-        p_share = p_forecast / p_cap  # replicas' worth of prefill load
+        p_burst = self._burst("prefill", obs.to_prefill) * p_state.correction
+        p_share = max(p_forecast / p_cap, p_burst)  # replicas' worth of prefill load
         bounds_p = s.prefill
         current_p = obs.prefill.replicas
         p_reason = ""
@@ -360,11 +382,13 @@ class Planner:
             * s.headroom
             * d_state.latency_factor
         )
+        d_burst = (self._burst("decode", obs.direct) + delta * generated) * d_state.correction
         if wanted_p == 0:
             d_forecast += p_forecast  # no prefill pool: the decode pods prefill what it would have
+            d_burst += p_burst
         kv_tokens = (obs.decode.kv_usage or 0.0) * model.kv_capacity_tokens * max(decode_ready, 0)
         kv_replicas = math.ceil(kv_tokens / (s.kv_fill * model.kv_capacity_tokens) - 1e-9)
-        wanted_d = max(1, math.ceil(d_forecast / d_cap - 1e-9), kv_replicas)
+        wanted_d = max(1, math.ceil(d_forecast / d_cap - 1e-9), math.ceil(d_burst - 1e-9), kv_replicas)
         d_reason = ""
         current_d = obs.decode.replicas
         if d_over and wanted_d <= current_d:

@@ -8,13 +8,23 @@ on simulated engines, and the table compares them with the colocated baseline of
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inferencepool.engine_sim.profiles import EngineProfile
+    from inferencepool.router.config import RoutingPolicy
+    from inferencepool.sim.cluster import Scenario
+    from inferencepool.sim.compare import Budget
+    from inferencepool.sim.report import Slo
+    from inferencepool.sim.workload import TraceRequest
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from inferencepool.sim.compare import SCENARIO_NAMES
+    from inferencepool.sim.compare import EXTRA_SCENARIOS, SCENARIO_NAMES
     from inferencepool.sim.workload import VENDORED
 
     trace = parser.add_argument_group("workload")
@@ -34,6 +44,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
     trace.add_argument("--rate", type=float, default=1.0, help="replay this many times faster. Default: 1")
     trace.add_argument(
         "--max-requests", type=int, default=None, help="cut the trace after this many requests"
+    )
+    trace.add_argument(
+        "--load",
+        choices=("trace", "diurnal", "bursty"),
+        default="trace",
+        help="replay the trace, or build a synthetic load of --duration seconds from its (prompt, output) "
+        "pairs: diurnal (a day compressed into the duration, --mean-rate, --swing) or bursty (--mean-rate "
+        "with bursts at --burst-rate). Default: trace",
+    )
+    trace.add_argument("--mean-rate", type=float, default=5.0, help="synthetic load req/s. Default: 5")
+    trace.add_argument("--swing", type=float, default=0.7, help="diurnal: peak/mean - 1. Default: 0.7")
+    trace.add_argument("--burst-rate", type=float, default=20.0, help="bursty: req/s in a burst. Default: 20")
+    trace.add_argument("--burst-seconds", type=float, default=60.0, help="bursty: burst length. Default: 60")
+    trace.add_argument("--burst-gap", type=float, default=600.0, help="bursty: mean gap s. Default: 600")
+    trace.add_argument("--seed", type=int, default=0, help="synthetic load seed. Default: 0")
+    trace.add_argument(
+        "--copies",
+        type=int,
+        default=1,
+        help="superpose this many copies of the load (the same shape at N times the load). Default: 1",
+    )
+    trace.add_argument(
+        "--copy-shift", type=float, default=7.0, help="seconds between superposed copies. Default: 7"
     )
 
     pool = parser.add_argument_group("pool")
@@ -59,6 +92,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     pool.add_argument(
         "--adaptive-max", type=int, default=16384, help="adaptive threshold upper bound. Default: 16384"
     )
+    pool.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=None,
+        help="--max-num-batched-tokens of prefill pods in P/D scenarios (profile's by default)",
+    )
+    pool.add_argument(
+        "--decode-chunk",
+        type=int,
+        default=None,
+        help="--max-num-batched-tokens of decode pods (and of colocated-tuned, default 512 there)",
+    )
+    pool.add_argument(
+        "--kv-link-gbps",
+        type=float,
+        default=None,
+        help="KV link per GPU in GB/s, shared by concurrent transfers (profile's by default, 40 on H100)",
+    )
 
     slo = parser.add_argument_group("service level objectives (goodput and autoscaling targets)")
     slo.add_argument("--ttft-slo-ms", type=int, default=800, help="time to first token. Default: 800")
@@ -80,34 +131,89 @@ def configure(parser: argparse.ArgumentParser) -> None:
     scaling.add_argument(
         "--scale-down-stabilization", type=int, default=300, help="seconds. Default: 300 (the API's default)"
     )
+    scaling.add_argument("--planner-headroom", type=float, default=1.1, help="planner headroom. Default: 1.1")
+    scaling.add_argument(
+        "--planner-prefill-min", type=int, default=0, help="planner: prefill minReplicas. Default: 0"
+    )
+    scaling.add_argument(
+        "--planner-peak-seconds",
+        type=float,
+        default=300.0,
+        help="planner: hold the highest load of this many seconds. Default: 300",
+    )
+    scaling.add_argument("--gpu-budget", type=int, default=None, help="planner: GPUs across both pools")
+
+    searched = parser.add_argument_group("searches")
+    searched.add_argument(
+        "--goodput",
+        action="store_true",
+        help="DistServe goodput instead of one rate: the highest replay speed-up at which >= 90%% of "
+        "requests meet both SLOs, per scenario (static ones), per GPU",
+    )
+    searched.add_argument(
+        "--splits",
+        action="store_true",
+        help="with --goodput: also search every P:D split of --replicas for static-pd and length-aware",
+    )
+    searched.add_argument(
+        "--peak-window",
+        type=float,
+        default=300.0,
+        help="static-peak holds the target in every window this long. Default: 300",
+    )
 
     parser.add_argument(
         "--scenarios",
         default=",".join(SCENARIO_NAMES),
-        help=f"comma-separated subset of {','.join(SCENARIO_NAMES)}",
+        help=f"comma-separated subset of {','.join(SCENARIO_NAMES)} (the default), or of "
+        f"{','.join(EXTRA_SCENARIOS)}",
     )
     parser.add_argument("--out", default="out/sim", help="folder for sim.json and plots. Default: out/sim")
     parser.add_argument("--no-plots", action="store_true", help="skip the matplotlib plots")
 
 
+def _requests(args: argparse.Namespace) -> list[TraceRequest]:
+    from inferencepool.sim import workload
+
+    source = workload.load(args.trace)
+    if args.load == "trace":
+        requests = workload.shape(
+            source, start=args.start, duration=args.duration, rate=args.rate, max_requests=args.max_requests
+        )
+    elif args.load == "diurnal":
+        requests = workload.diurnal(
+            source, duration=args.duration, mean_rate=args.mean_rate, swing=args.swing, seed=args.seed
+        )
+    else:
+        requests = workload.bursty(
+            source,
+            duration=args.duration,
+            base_rate=args.mean_rate,
+            burst_rate=args.burst_rate,
+            burst_seconds=args.burst_seconds,
+            mean_gap_seconds=args.burst_gap,
+            seed=args.seed,
+        )
+    if args.copies != 1:
+        requests = workload.superpose(requests, args.copies, args.copy_shift)
+    if not requests:
+        raise ValueError("the load has no requests")
+    return requests
+
+
 def run(args: argparse.Namespace) -> int:
     from inferencepool.engine_sim.profiles import get_profile
-    from inferencepool.sim import report, workload
-    from inferencepool.sim.compare import Budget, build_scenarios, compare
+    from inferencepool.sim import report, search, workload
+    from inferencepool.sim.compare import SEARCHED, Budget, build_scenarios, compare, static_layout
 
     started = time.monotonic()
     try:
         profile = get_profile(args.profile)
         if args.max_model_len is not None:
             profile = profile.with_overrides(max_model_len=args.max_model_len)
-        requests = workload.shape(
-            workload.load(args.trace),
-            start=args.start,
-            duration=args.duration,
-            rate=args.rate,
-            max_requests=args.max_requests,
-        )
+        requests = _requests(args)
         slo = report.Slo(args.ttft_slo_ms / 1000, args.itl_slo_ms / 1000)
+        names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
         budget = Budget(
             replicas=args.replicas,
             prefill_replicas=args.prefill if args.prefill is not None else max(1, args.replicas // 2),
@@ -120,18 +226,44 @@ def run(args: argparse.Namespace) -> int:
             window_seconds=args.window,
             scale_down_stabilization_seconds=args.scale_down_stabilization,
             percentile=args.percentile,
+            prefill_chunk_tokens=args.prefill_chunk,
+            decode_chunk_tokens=args.decode_chunk,
+            planner_headroom=args.planner_headroom,
+            planner_prefill_min=args.planner_prefill_min,
+            planner_peak_seconds=args.planner_peak_seconds,
+            gpu_budget=args.gpu_budget,
         )
-        scenarios = build_scenarios(budget, slo, [n.strip() for n in args.scenarios.split(",") if n.strip()])
+        tuned_colocated = Budget(**{**vars(budget), "decode_chunk_tokens": args.decode_chunk or 512})
+        scenarios = build_scenarios(budget, slo, names)
+        scenarios = [
+            build_scenarios(tuned_colocated, slo, ["colocated-tuned"])[0]
+            if s.name == "colocated-tuned"
+            else s
+            for s in scenarios
+        ]
+        link = None if args.kv_link_gbps is None else args.kv_link_gbps * 1e9
+        if link is not None and link <= 0:
+            raise ValueError(f"--kv-link-gbps must be > 0, got {args.kv_link_gbps}")
     except ValueError as error:  # TraceError, bad profile, bad bounds: the message names the problem
         print(f"inferencepool sim: {error}", file=sys.stderr)
         return 2
 
-    print(f"trace {args.trace}: {next(workload.summary(requests, args.threshold))}")
+    print(f"trace {args.trace} ({args.load}): {next(workload.summary(requests, args.threshold))}")
     print(
         f"profile {profile.name} (TP{profile.tensor_parallel}), {budget.replicas} replicas "
         f"({budget.prefill_replicas} prefill + {budget.replicas - budget.prefill_replicas} decode in P/D), "
         f"SLO TTFT <= {args.ttft_slo_ms} ms and ITL <= {args.itl_slo_ms} ms"
     )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {
+        key: value
+        for key, value in vars(args).items()
+        if isinstance(value, (str, int, float, bool, type(None)))
+    }
+    if args.goodput:
+        return _goodput(args, scenarios, budget, profile, requests, slo, link, out, settings, started)
+
     span = requests[-1].arrival
     clock = {"start": time.monotonic()}
 
@@ -150,10 +282,48 @@ def run(args: argparse.Namespace) -> int:
 
     results = []
     summaries = []
+    searched = [n for n in names if n in SEARCHED]
+    if searched:
+        clock["start"] = time.monotonic()
+        peak, smallest, tried = search.static_sizes(
+            static_layout(budget),
+            profile,
+            requests,
+            slo,
+            window_seconds=args.peak_window,
+            max_replicas=2 * (args.max_replicas or args.replicas),
+            kv_link_bytes_per_s=link,
+        )
+        for sized in tried:
+            print(
+                f"  static {sized.prefill}P+{sized.decode}D: {100 * sized.attainment:.1f}% SLO, worst "
+                f"{args.peak_window:.0f} s window {100 * sized.worst_window:.1f}% "
+                f"({time.monotonic() - clock['start']:.1f} s wall)",
+                file=sys.stderr,
+                flush=True,
+            )
+        for name, found in (("static-peak", peak), ("static-min", smallest)):
+            if name not in searched:
+                continue
+            if found is None:
+                print(f"  {name}: no layout of up to the search bound held the target", file=sys.stderr)
+                continue
+            result = found.result
+            result.scenario = dataclasses.replace(
+                result.scenario, name=f"{name} {found.prefill}P+{found.decode}D"
+            )
+            results.append(result)
+            summaries.append(report.summarize(result, slo, args.peak_window))
     for scenario in scenarios:
         clock["start"] = time.monotonic()
-        [result], [summary] = compare(
-            [scenario], profile, requests, slo, progress=progress, progress_every=span / 4
+        [result], _ = compare(
+            [scenario],
+            profile,
+            requests,
+            slo,
+            progress=progress,
+            progress_every=span / 4,
+            kv_link_bytes_per_s=link,
         )
         print(
             f"  {scenario.name}: done in {time.monotonic() - clock['start']:.1f} s wall "
@@ -162,20 +332,71 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         results.append(result)
-        summaries.append(summary)
-    summaries = report.with_ratios(summaries, "colocated")
+        summaries.append(report.summarize(result, slo, args.peak_window))
+    baseline = next((s.scenario for s in summaries if s.scenario.startswith("static-peak")), "colocated")
+    summaries = report.with_ratios(summaries, baseline)
 
     print()
-    print(report.table(summaries))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    settings = {
-        key: value
-        for key, value in vars(args).items()
-        if isinstance(value, (str, int, float, bool, type(None)))
-    }
+    print(report.table(summaries, "peak" if baseline != "colocated" else "coloc"))
     report.write_json(out / "sim.json", report.to_json(summaries, results, settings))
     written = [] if args.no_plots else report.plot(results, summaries, slo, out)
     print(f"\nresults in {out / 'sim.json'}" + "".join(f", {p}" for p in written))
+    print(f"total {time.monotonic() - started:.1f} s wall")
+    return 0
+
+
+def _goodput(
+    args: argparse.Namespace,
+    scenarios: list[Scenario],
+    budget: Budget,
+    profile: EngineProfile,
+    requests: list[TraceRequest],
+    slo: Slo,
+    link: float | None,
+    out: Path,
+    settings: dict[str, Any],
+    started: float,
+) -> int:
+    from inferencepool.sim import report, search
+
+    found: list[search.Goodput] = []
+    for scenario in scenarios:
+        if scenario.autoscaling is not None or scenario.planner is not None:
+            print(f"  {scenario.name}: skipped (goodput is defined for a fixed pool)", file=sys.stderr)
+            continue
+        clock = time.monotonic()
+        result = search.goodput(scenario, profile, requests, slo, kv_link_bytes_per_s=link)
+        found.append(result)
+        print(f"  {scenario.name}: {time.monotonic() - clock:.1f} s wall", file=sys.stderr, flush=True)
+    if args.splits:
+        policies: tuple[tuple[RoutingPolicy, int], ...] = (
+            ("AlwaysDisaggregate", 0),
+            ("LengthAware", budget.threshold_tokens),
+        )
+        for policy, threshold in policies:
+            clock = time.monotonic()
+
+            def layout(
+                prefill: int, decode: int, policy: RoutingPolicy = policy, threshold: int = threshold
+            ) -> Scenario:
+                return Scenario(
+                    f"{policy} {prefill}P:{decode}D",
+                    policy,
+                    prefill,
+                    decode,
+                    threshold or budget.threshold_tokens,
+                    prefill_chunk_tokens=budget.prefill_chunk_tokens,
+                    decode_chunk_tokens=budget.decode_chunk_tokens,
+                )
+
+            _, every = search.best_split(
+                layout, budget.replicas, profile, requests, slo, kv_link_bytes_per_s=link
+            )
+            found.extend(every)
+            print(f"  {policy} splits: {time.monotonic() - clock:.1f} s wall", file=sys.stderr, flush=True)
+    print()
+    print(report.goodput_table(found))
+    report.write_json(out / "goodput.json", report.goodput_json(found, settings))
+    print(f"\nresults in {out / 'goodput.json'}")
     print(f"total {time.monotonic() - started:.1f} s wall")
     return 0

@@ -303,6 +303,7 @@ class ClusterSim:
         self._itl_count = 0
         self._busy_seen: dict[str, float] = {}
         self._direct_ttfts: list[tuple[float, float]] = []  # the router's TTFT of direct requests
+        self._arrivals: dict[str, list[tuple[float, float]]] = {"prefill": [], "direct": []}  # time, work
 
     def _tuned(self, chunk_tokens: int | None) -> EngineProfile:
         if chunk_tokens is None or chunk_tokens == self.profile.max_num_batched_tokens:
@@ -417,7 +418,9 @@ class ClusterSim:
             counts = self._routed["direct" if route is Route.DIRECT else "prefill"]
             counts[0] += 1
             counts[1] += record.prompt_tokens
-            counts[2] += self._capacity.prefill_seconds(record.prompt_tokens)
+            work = self._capacity.prefill_seconds(record.prompt_tokens)
+            counts[2] += work
+            self._arrivals["direct" if route is Route.DIRECT else "prefill"].append((now, work))
         if route is Route.DISAGGREGATED:
             pod = self._pick("prefill", affinity)
             replica = self.by_engine[pod.name]
@@ -708,11 +711,23 @@ class ClusterSim:
         )
         decode_ready = ready["decode"]
         (pp, pt, pw), (dp, dt, dw) = self._routed["prefill"], self._routed["direct"]
+
+        def burst(route: str) -> float:
+            """The most prefill work that arrived within any burst window of the interval (the router)."""
+            arrivals, most, total, first = self._arrivals[route], 0.0, 0.0, 0
+            for at, work in arrivals:
+                total += work
+                while arrivals[first][0] < at - settings.burst_window_seconds:
+                    total -= arrivals[first][1]
+                    first += 1
+                most = max(most, total)
+            return most
+
         observation = Observation(
             now=self.now,
             interval_seconds=settings.interval_seconds,
-            to_prefill=RouteLoad(int(pp), int(pt), pw),
-            direct=RouteLoad(int(dp), int(dt), dw),
+            to_prefill=RouteLoad(int(pp), int(pt), pw, burst("prefill")),
+            direct=RouteLoad(int(dp), int(dt), dw, burst("direct")),
             generated_tokens=self._generated,
             prefill=PoolSignals(
                 len(members["prefill"]),
@@ -732,6 +747,7 @@ class ClusterSim:
             ),
         )
         self._routed = {"prefill": [0, 0, 0.0], "direct": [0, 0, 0.0]}
+        self._arrivals = {"prefill": [], "direct": []}
         self._generated, self._itl_sum, self._itl_count = 0, 0.0, 0
         plan = planner.decide(observation)
         self.plans.append(plan)

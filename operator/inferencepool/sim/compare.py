@@ -1,20 +1,35 @@
 """The standard comparison: the same trace and GPU budget through colocated, static P/D, LengthAware with a
-fixed and with an adaptive threshold, and LengthAware P/D with per-pool autoscaling (its GPU time varies)."""
+fixed and with an adaptive threshold, and LengthAware P/D with per-pool autoscaling (its GPU time varies).
+
+More scenarios on request: `colocated-tuned` (colocated engines with the decode pods' small prefill chunk,
+so the comparison with P/D is fair), `planner` (LengthAware P/D sized by the SLA planner), and the searched
+static baselines `static-peak` and `static-min` (see `search.static_sizes`). `autoscaled` is the project's
+first rule (HPA on latency), kept for comparison."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from inferencepool.api.v1alpha1 import Autoscaling, LatencyTarget
+from inferencepool.autoscaler.planner import PlannerSettings, RoleBounds
 from inferencepool.engine_sim.profiles import EngineProfile
 from inferencepool.router.config import AdaptiveThresholdConfig
-from inferencepool.sim.cluster import PoolAutoscaling, Progress, Scenario, ScenarioResult, simulate
+from inferencepool.sim.cluster import (
+    PlannerScaling,
+    PoolAutoscaling,
+    Progress,
+    Scenario,
+    ScenarioResult,
+    simulate,
+)
 from inferencepool.sim.report import Slo, Summary, summarize, with_ratios
 from inferencepool.sim.workload import TraceRequest
 
 BASELINE = "colocated"
 SCENARIO_NAMES = ("colocated", "static-pd", "length-aware", "adaptive", "autoscaled")
+EXTRA_SCENARIOS = ("colocated-tuned", "planner", "static-peak", "static-min")
+SEARCHED = ("static-peak", "static-min")
 
 
 @dataclass(frozen=True)
@@ -30,6 +45,12 @@ class Budget:
     window_seconds: int = 60
     scale_down_stabilization_seconds: int = 300
     percentile: int = 90
+    prefill_chunk_tokens: int | None = None  # per-role engine tuning of the P/D scenarios
+    decode_chunk_tokens: int | None = None  # ... and of colocated-tuned
+    planner_headroom: float = 1.1
+    planner_prefill_min: int = 0  # the planner may take the prefill pool to zero
+    planner_peak_seconds: float = 300.0
+    gpu_budget: int | None = None
 
     def __post_init__(self) -> None:
         if self.replicas < 2:
@@ -41,9 +62,11 @@ class Budget:
 
 
 def build_scenarios(budget: Budget, slo: Slo, names: Sequence[str] = SCENARIO_NAMES) -> list[Scenario]:
-    unknown = [n for n in names if n not in SCENARIO_NAMES]
+    known = (*SCENARIO_NAMES, *EXTRA_SCENARIOS)
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIO_NAMES)}")
+        raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    names = [n for n in names if n not in SEARCHED]  # built by the search (static_layout)
     prefill, decode = budget.prefill_replicas, budget.replicas - budget.prefill_replicas
     ttft_ms, itl_ms = round(slo.ttft_seconds * 1000), round(slo.itl_seconds * 1000)
     adaptive = AdaptiveThresholdConfig(
@@ -72,16 +95,65 @@ def build_scenarios(budget: Budget, slo: Slo, names: Sequence[str] = SCENARIO_NA
         model_load_seconds=budget.model_load_seconds,
     )
     threshold = budget.threshold_tokens
+
+    def tuned(scenario: Scenario) -> Scenario:
+        return replace(
+            scenario,
+            prefill_chunk_tokens=budget.prefill_chunk_tokens,
+            decode_chunk_tokens=budget.decode_chunk_tokens,
+        )
+
+    planner = PlannerScaling(
+        PlannerSettings(
+            ttft_target_seconds=slo.ttft_seconds,
+            itl_target_seconds=slo.itl_seconds,
+            prefill=RoleBounds(budget.planner_prefill_min, ceiling),
+            decode=RoleBounds(1, ceiling),
+            model_load_seconds=budget.model_load_seconds,
+            interval_seconds=budget.interval_seconds,
+            headroom=budget.planner_headroom,
+            peak_seconds=budget.planner_peak_seconds,
+            gpu_budget=budget.gpu_budget,
+        ),
+        window_seconds=budget.window_seconds,
+        percentile=budget.percentile,
+    )
     every = {
         "colocated": Scenario("colocated", "Colocated", 0, budget.replicas),
-        "static-pd": Scenario("static-pd", "AlwaysDisaggregate", prefill, decode),
-        "length-aware": Scenario("length-aware", "LengthAware", prefill, decode, threshold),
-        "adaptive": Scenario("adaptive", "LengthAware", prefill, decode, threshold, adaptive=adaptive),
-        "autoscaled": Scenario(
-            "autoscaled", "LengthAware", prefill, decode, threshold, autoscaling=autoscaling
+        "colocated-tuned": Scenario(
+            "colocated-tuned", "Colocated", 0, budget.replicas, decode_chunk_tokens=budget.decode_chunk_tokens
         ),
+        "static-pd": tuned(Scenario("static-pd", "AlwaysDisaggregate", prefill, decode)),
+        "length-aware": tuned(Scenario("length-aware", "LengthAware", prefill, decode, threshold)),
+        "adaptive": tuned(Scenario("adaptive", "LengthAware", prefill, decode, threshold, adaptive=adaptive)),
+        "autoscaled": tuned(
+            Scenario("autoscaled", "LengthAware", prefill, decode, threshold, autoscaling=autoscaling)
+        ),
+        "planner": tuned(Scenario("planner", "LengthAware", prefill, decode, threshold, planner=planner)),
     }
     return [every[name] for name in names]
+
+
+def static_layout(budget: Budget, name: str = "static") -> Callable[[int, int], Scenario]:
+    """The static layouts the static-peak search tries: LengthAware P/D at the budget's threshold and engine
+    tuning, or a colocated pool (with the decode pods' tuning) when prefill is 0."""
+
+    def layout(prefill: int, decode: int) -> Scenario:
+        if prefill == 0:
+            return Scenario(
+                f"{name} {decode}co", "Colocated", 0, decode, decode_chunk_tokens=budget.decode_chunk_tokens
+            )
+        return Scenario(
+            f"{name} {prefill}P+{decode}D",
+            "LengthAware",
+            prefill,
+            decode,
+            budget.threshold_tokens,
+            prefill_chunk_tokens=budget.prefill_chunk_tokens,
+            decode_chunk_tokens=budget.decode_chunk_tokens,
+        )
+
+    return layout
 
 
 def compare(
@@ -92,10 +164,18 @@ def compare(
     *,
     progress: Progress | None = None,
     progress_every: float = 60.0,
+    kv_link_bytes_per_s: float | None = None,
 ) -> tuple[list[ScenarioResult], list[Summary]]:
     """Run every scenario on the same trace; summaries carry ratios against the colocated one when present."""
     results = [
-        simulate(scenario, profile, trace, progress=progress, progress_every=progress_every)
+        simulate(
+            scenario,
+            profile,
+            trace,
+            progress=progress,
+            progress_every=progress_every,
+            kv_link_bytes_per_s=kv_link_bytes_per_s,
+        )
         for scenario in scenarios
     ]
     return results, with_ratios([summarize(r, slo) for r in results], BASELINE)

@@ -2,8 +2,12 @@
 
 Goodput counts requests that met BOTH targets: time to first token within the TTFT SLO, and time per output
 token after the first (the request's mean inter-token latency, DistServe's TPOT) within the ITL SLO; a
-one-token answer has no inter-token latency to miss. Rejected and failed requests count as missed. Goodput is
-per second of the trace's arrival span, so scenarios on the same trace compare directly. Percentiles are
+one-token answer has no inter-token latency to miss. Rejected and failed requests count as missed. Goodput
+here is per second of the trace's arrival span at the one offered rate, so scenarios on the same trace compare
+directly; DistServe's goodput (the highest rate that holds the SLOs) is `search.goodput`, `--goodput` on the
+CLI. The worst window is the lowest attainment among the requests arriving in any window (5 minutes by
+default): what a peak does to a pool. GPU time is every replica from its creation (the scale-up decision: it
+holds its GPUs while its model loads) to its removal, or to the last token of the run. Percentiles are
 nearest-rank (the router's `percentile`), so a small case can be checked by hand.
 """
 
@@ -13,10 +17,13 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferencepool.router.threshold import percentile
 from inferencepool.sim.cluster import REJECTED, RequestRecord, ScenarioResult
+
+if TYPE_CHECKING:
+    from inferencepool.sim.search import Goodput
 
 PERCENTILES = (50, 90, 99)
 
@@ -59,7 +66,8 @@ class Summary:
     preemptions: int
     scaling_decisions: int
     final_threshold: int
-    goodput_ratio: float | None = None  # against the colocated baseline of the same run
+    worst_window_percent: float | None = None
+    goodput_ratio: float | None = None  # against the baseline of the same run (colocated, or static peak)
     gpu_seconds_ratio: float | None = None
     good_per_gpu_hour_ratio: float | None = None
 
@@ -68,7 +76,18 @@ def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
     return {f"p{p}": (percentile(values, p) * 1000 if values else None) for p in PERCENTILES}
 
 
-def summarize(result: ScenarioResult, slo: Slo) -> Summary:
+def worst_window(result: ScenarioResult, slo: Slo, window_seconds: float) -> float:
+    """Lowest attainment (%) among the requests arriving in each window of the trace."""
+    start = result.records[0].arrival
+    met: dict[int, list[int]] = {}
+    for record in result.records:
+        counts = met.setdefault(int((record.arrival - start) // window_seconds), [0, 0])
+        counts[0] += slo.met(record)
+        counts[1] += 1
+    return min(100 * good / total for good, total in met.values())
+
+
+def summarize(result: ScenarioResult, slo: Slo, window_seconds: float = 300.0) -> Summary:
     records = result.records
     completed = [r for r in records if r.completed]
     good = sum(slo.met(r) for r in records)
@@ -98,6 +117,7 @@ def summarize(result: ScenarioResult, slo: Slo) -> Summary:
         preemptions=result.preemptions,
         scaling_decisions=len(result.scaling),
         final_threshold=result.thresholds[-1][1],
+        worst_window_percent=worst_window(result, slo, window_seconds),
     )
 
 
@@ -131,18 +151,20 @@ def _x(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
-def table(summaries: Sequence[Summary]) -> str:
+def table(summaries: Sequence[Summary], baseline: str = "coloc") -> str:
+    versus = f"vs {baseline}"
     header = (
         "scenario",
         "goodput r/s",
-        "vs coloc",
+        versus,
         "SLO %",
+        "worst 5m %",
         "TTFT p50/p90/p99 ms",
         "ITL p50/p90/p99 ms",
         "GPU-h",
-        "vs coloc",
+        versus,
         "good/GPU-h",
-        "vs coloc",
+        versus,
         "disagg %",
     )
     rows = [
@@ -151,6 +173,7 @@ def table(summaries: Sequence[Summary]) -> str:
             f"{s.goodput_rps:.2f}",
             _x(s.goodput_ratio),
             f"{s.slo_attainment_percent:.1f}",
+            "-" if s.worst_window_percent is None else f"{s.worst_window_percent:.1f}",
             "/".join(_ms(s.ttft_ms[f"p{p}"]) for p in PERCENTILES),
             "/".join(_ms(s.itl_ms[f"p{p}"]) for p in PERCENTILES),
             f"{s.gpu_seconds / 3600:.3f}",
@@ -276,3 +299,42 @@ def plot(results: Sequence[ScenarioResult], summaries: Sequence[Summary], slo: S
         fig.savefig(written[-1], dpi=110)
         plt.close(fig)
     return written
+
+
+def goodput_table(found: Sequence[Goodput]) -> str:
+    """DistServe goodput per scenario, with the ratio per GPU against the better of colocated and
+    AlwaysDisaggregate (static-pd, or the best AlwaysDisaggregate split) found in the same run."""
+    bases = [
+        g.per_gpu
+        for g in found
+        if g.scenario in ("colocated", "static-pd") or g.scenario.startswith("AlwaysDisaggregate")
+    ]
+    base = max(bases, default=0.0)
+    header = ("scenario", "GPUs", "speed-up", "goodput r/s", "per GPU", "vs best of coloc/P-D")
+    rows = [
+        (
+            g.scenario,
+            str(g.gpus),
+            f"{g.speedup:.3g}x",
+            f"{g.requests_per_second:.2f}",
+            f"{g.per_gpu:.2f}",
+            _x(g.per_gpu / base if base else None),
+        )
+        for g in found
+    ]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    lines = [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in (header, *rows)
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def goodput_json(found: Sequence[Goodput], settings: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "settings": settings,
+        "goodput": [{**asdict(g), "perGpu": g.per_gpu} for g in found],
+    }
