@@ -172,9 +172,8 @@ def static_sizes(
     max_replicas: int = 16,
     kv_link_bytes_per_s: float | None = None,
 ) -> tuple[Sized | None, Sized | None, list[Sized]]:
-    """(static peak, static min, every layout tried). For each prefill count (0 = colocated) the decode pool
-    grows until the peak window holds or the replicas run out; a prefill count stops once it cannot beat the
-    smallest peak layout found so far."""
+    """(static peak, static min among the layouts tried, every layout tried), for up to `max_replicas`
+    replicas in all. Assumes attainment does not fall when a decode replica is added."""
     tried: list[Sized] = []
 
     def run(prefill: int, decode: int) -> Sized:
@@ -184,17 +183,30 @@ def static_sizes(
         tried.append(sized)
         return sized
 
-    best_peak: Sized | None = None
-    for prefill in range(0, max_replicas):
-        if best_peak is not None and prefill + 1 >= best_peak.prefill + best_peak.decode:
+    def holds(prefill: int, decode: int) -> bool:
+        return run(prefill, decode).worst_window >= target
+
+    # Colocated first: bisect the smallest pool that holds. Then each prefill count p only needs the one
+    # layout that would beat the best so far (more decode replicas hold at least as well, fewer worse); when
+    # it holds, walk decode down while it still does.
+    best_peak: tuple[int, int] | None = None
+    low, high = 1, max_replicas
+    if holds(0, high):
+        while low < high:
+            middle = (low + high) // 2
+            if holds(0, middle):
+                high = middle
+            else:
+                low = middle + 1
+        best_peak = (0, high)
+    for prefill in range(1, max_replicas):
+        decode = (best_peak[0] + best_peak[1] - prefill - 1) if best_peak else max_replicas - prefill
+        if decode < 1:
             break
-        for decode in range(1, max_replicas - prefill + 1):
-            if best_peak is not None and prefill + decode >= best_peak.prefill + best_peak.decode:
-                break
-            sized = run(prefill, decode)
-            if sized.worst_window >= target:
-                best_peak = sized
-                break
+        while decode >= 1 and holds(prefill, decode):
+            best_peak = (prefill, decode)
+            decode -= 1
+    by_layout = {(t.prefill, t.decode): t for t in tried}
     held = [s for s in tried if s.attainment >= target]
     smallest = min(held, key=lambda s: (s.prefill + s.decode, -s.attainment), default=None)
-    return best_peak, smallest, tried
+    return (None if best_peak is None else by_layout[best_peak]), smallest, tried
