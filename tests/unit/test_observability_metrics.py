@@ -116,3 +116,27 @@ def test_forget_pool_drops_every_series_of_that_pool_only() -> None:
     m.forget_pool("default", "demo")
     pools = {dict(labels).get("pool") for _, labels in samples(m)}
     assert pools == {None, "other"}  # None: the unlabelled reconcile histogram
+
+
+def test_record_status_reads_the_status_document_the_operator_writes() -> None:
+    from tests.unit import recorded_pools
+
+    m = OperatorMetrics()
+    limited = recorded_pools.limited()["status"]
+    limited["decode"]["lastScaling"] = {
+        "fromReplicas": 1, "replicas": 2, "reason": "TargetExceeded", "time": "2026-12-01T10:00:00Z",
+    }  # fmt: skip
+    for condition in limited["conditions"]:
+        if condition["type"] == "ScalingLimited":
+            condition["message"] = "decode: wants 5 replicas, maxReplicas is 4"
+    metrics.record_status(m, "default", "demo", limited)
+    decode = {"namespace": "default", "pool": "demo", "role": "decode"}
+    assert value(m, metrics.READY_REPLICAS, **decode) == 2
+    assert value(m, metrics.DESIRED_REPLICAS, **decode) == 2
+    assert value(m, metrics.SCALING_LIMITED, **decode) == 1
+    assert value(m, metrics.SCALING_LIMITED, namespace="default", pool="demo", role="prefill") == 0
+    assert value(m, metrics.SCALING_DECISION, **decode, reason="TargetExceeded") == 1
+    assert value(m, metrics.DEGRADED, namespace="default", pool="demo") == 0
+    metrics.record_status(m, "default", "demo", recorded_pools.degraded()["status"])
+    assert value(m, metrics.DEGRADED, namespace="default", pool="demo") == 1
+    assert value(m, metrics.READY_REPLICAS, **decode) == 0

@@ -10,9 +10,9 @@ deleted pool's series are removed with `forget_pool`, so cardinality is bounded 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -154,3 +154,39 @@ class OperatorMetrics:
             self.degraded, self.reconciles,
         ):  # fmt: skip
             metric.remove_by_labels({"namespace": namespace, "pool": pool})
+
+
+def record_status(metrics: OperatorMetrics, namespace: str, pool: str, status: Mapping[str, Any]) -> None:
+    """Record a pool's status document (as the operator writes it) into `metrics`: per role the figures of
+    status.prefill / status.decode, the reason of the last scaling decision, and the ScalingLimited and
+    Degraded conditions."""
+    conditions = {c.get("type"): c for c in status.get("conditions") or [] if isinstance(c, Mapping)}
+
+    def true(kind: str) -> bool:
+        return bool((conditions.get(kind) or {}).get("status") == "True")
+
+    # ScalingLimited is one condition per pool; its message names the roles ("prefill: ...; decode: ...").
+    limited_message = str((conditions.get("ScalingLimited") or {}).get("message", ""))
+    named = {part.split(":", 1)[0].strip() for part in limited_message.split(";")} & set(ROLES)
+
+    def limited(role: str) -> bool:
+        return true("ScalingLimited") and (role in named or not named)
+
+    for role in ROLES:
+        figures = status.get(role)
+        if not isinstance(figures, Mapping):
+            continue
+        last = figures.get("lastScaling")
+        metrics.record_pool(
+            namespace,
+            pool,
+            role,
+            observed_ms=figures.get("observedMilliseconds"),
+            target_ms=figures.get("targetMilliseconds"),
+            current=int(figures.get("replicas", 0)),
+            desired=int(figures.get("desiredReplicas", 0)),
+            ready=int(figures.get("readyReplicas", 0)),
+            decision_reason=last.get("reason") if isinstance(last, Mapping) else None,
+            scaling_limited=limited(role),
+            degraded=true("Degraded"),
+        )
