@@ -1,0 +1,74 @@
+"""The fake engine's configuration: what `inferencepool fake-engine` resolves from vLLM's flags, the
+environment and LMCache's settings (engine_sim/cli.py), or what a test passes directly."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass, field
+
+from inferencepool.engine_sim.core import LmcacheSettings
+from inferencepool.engine_sim.profiles import EngineProfile
+from inferencepool.engine_sim.tokenizer import EstimateTokenizer, Tokenizer
+
+
+@dataclass(frozen=True)
+class PdConfig:
+    """LMCache PD mode's sockets (the buffer size and role also go to LmcacheSettings for the core)."""
+
+    role: str  # "sender" (prefill) or "receiver" (decode)
+    peer_host: str = "127.0.0.1"  # receiver: where it listens (pd_peer_host, the pod IP)
+    init_ports: tuple[int, ...] = (0,)  # receiver: pd_peer_init_port, one per TP rank (0: any free port)
+    alloc_ports: tuple[int, ...] = (0,)  # receiver: pd_peer_alloc_port
+    proxy_host: str | None = None  # sender: pd_proxy_host, the router
+    proxy_port: int | None = None  # sender: pd_proxy_port
+    push_timeout_s: float = 5.0  # sender: connect/handshake timeout of one rank (allocation waits longer)
+    # receiver: how long an allocation waits for room in the PD buffer (LMCache's default: forever)
+    allocation_timeout_s: float = math.inf
+
+    def __post_init__(self) -> None:
+        if self.role == "sender" and (self.proxy_host is None or self.proxy_port is None):
+            raise ValueError("an LMCache PD sender needs pd_proxy_host and pd_proxy_port")
+        if self.role == "receiver" and (not self.init_ports or len(self.init_ports) != len(self.alloc_ports)):
+            raise ValueError(
+                "an LMCache PD receiver needs one pd_peer_init_port and pd_peer_alloc_port per rank"
+            )
+        if self.role not in ("sender", "receiver"):
+            raise ValueError(f'pd_role must be "sender" or "receiver", got {self.role!r}')
+
+
+@dataclass
+class EngineConfig:
+    profile: EngineProfile
+    served_model_names: list[str]
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    engine_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    nixl: bool = False
+    side_channel_host: str = "127.0.0.1"
+    side_channel_port: int = 5600
+    kv_lease_s: float = 30.0
+    recompute_on_load_failure: bool = False  # kv_load_failure_policy "recompute" instead of "fail"
+    lmcache: LmcacheSettings | None = None
+    p2p_peers: list[str] = field(default_factory=list)  # side-channel "host:port" of peers, for p2p mirrors
+    p2p_refresh_s: float = 0.5
+    prefix_caching: bool = True
+    chunk_tokens: int = 256
+    time_scale: float = 1.0
+    tokenizer: Tokenizer = field(default_factory=EstimateTokenizer)
+    role: str = "both"
+    pd: PdConfig | None = None  # LMCache PD mode (needs lmcache with the same pd_role)
+
+    def check(self) -> None:
+        """What an engine refuses to start with, as vLLM or LMCache would."""
+        if self.time_scale <= 0:
+            raise ValueError("time scale must be > 0")
+        pd_role = self.lmcache.pd_role if self.lmcache else None
+        if (self.pd.role if self.pd else None) != pd_role:
+            raise ValueError("LMCache PD mode needs both EngineConfig.pd and LmcacheSettings.pd_role, alike")
+        if self.pd and self.pd.role == "receiver" and len(self.pd.init_ports) < self.profile.tensor_parallel:
+            raise ValueError(
+                f"pd_peer_init_port/pd_peer_alloc_port need one port per TP rank "
+                f"({self.profile.tensor_parallel}), got {len(self.pd.init_ports)}"
+            )

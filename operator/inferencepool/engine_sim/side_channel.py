@@ -1,0 +1,132 @@
+"""The NIXL side channel (VLLM_NIXL_SIDE_CHANNEL_HOST:VLLM_NIXL_SIDE_CHANNEL_PORT, 5600 by default), both
+ends.
+
+Real vLLM answers a ZMQ handshake there and then reads KV blocks by RDMA; the fake answers HTTP on the same
+address. Serving end (a prefill engine): POST /nixl/read_blocks names the engine, request and blocks from
+kv_transfer_params and releases the engine's lease on them (or fails: wrong engine, unknown or expired
+request). Reading end (a decode engine): performs the reads the core asks for, then the core pays the
+modelled transfer time. The same listener serves GET /lmcache/chunks, the prefix chunks this engine's
+LMCache CPU tier holds, which p2p peers mirror into their prefix index (as LMCache's controller would tell
+them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from aiohttp import ClientError, web
+
+from inferencepool.engine_sim import protocol
+from inferencepool.engine_sim.core import RemoteRead
+from inferencepool.engine_sim.httputil import app_runner, bound_port, error_response, json_response, url_host
+
+if TYPE_CHECKING:
+    from inferencepool.engine_sim.server import FakeEngine
+
+log = logging.getLogger("inferencepool.fake_engine")
+
+
+class SideChannel:
+    def __init__(self, engine: FakeEngine) -> None:
+        self.engine = engine
+
+    async def start(self) -> tuple[web.AppRunner, int]:
+        """Listen on the configured side-channel address; returns the runner and the bound port."""
+        config = self.engine.config
+        app = web.Application()
+        app.add_routes(
+            [
+                web.post("/nixl/read_blocks", self._handle_read_blocks),
+                web.get("/lmcache/chunks", self._handle_lmcache_chunks),
+            ]
+        )
+        runner = await app_runner(app)
+        site = web.TCPSite(runner, config.side_channel_host, config.side_channel_port)
+        try:
+            await site.start()
+        except OSError as exc:
+            # Two fake engines on one address (a laptop, not a pod) would both want 5600; vLLM would fail
+            # here.
+            log.warning(
+                "side channel port %s unavailable (%s); using an ephemeral port",
+                config.side_channel_port,
+                exc,
+            )
+            site = web.TCPSite(runner, config.side_channel_host, 0)
+            await site.start()
+        return runner, bound_port(site)
+
+    # ----- serving end -----
+
+    async def _handle_read_blocks(self, request: web.Request) -> web.Response:
+        engine = self.engine
+        try:
+            body = protocol.parse_json_body(await request.read())
+            release = engine.core.release_hold(
+                str(body["request_id"]),
+                str(body["engine_id"]),
+                engine.model_now(),
+                tuple(int(b) for b in body.get("block_ids", [])),
+            )
+        except protocol.ApiError as exc:
+            return json_response(exc.body(), exc.status)
+        except (KeyError, TypeError, ValueError) as exc:
+            return error_response(400, "BadRequestError", f"malformed read request: {exc}")
+        except LookupError as exc:
+            return error_response(404, "NotFoundError", str(exc.args[0]))
+        engine.wake()
+        return json_response({"prompt_tokens": release.prompt_tokens, "engine_id": engine.config.engine_id})
+
+    async def _handle_lmcache_chunks(self, request: web.Request) -> web.Response:
+        engine = self.engine
+        return json_response(
+            {"engine_id": engine.config.engine_id, "chunks": [c.hex() for c in engine.core.cpu_chunks()]}
+        )
+
+    # ----- reading end -----
+
+    async def remote_read(self, read: RemoteRead) -> None:
+        engine = self.engine
+        source = read.source
+        url = f"http://{url_host(source.host)}:{source.port}/nixl/read_blocks"
+        payload = {
+            "engine_id": source.engine_id,
+            "request_id": source.request_id,
+            "block_ids": list(source.block_ids),
+        }
+        error: str | None = None
+        try:
+            async with engine.session.post(url, json=payload) as response:
+                if response.status != 200:
+                    detail = (await response.json(content_type=None)).get("error", {}).get("message", "")
+                    error = (
+                        f"KV transfer from engine {source.engine_id} at {source.host}:{source.port} "
+                        f"failed: {detail}"
+                    )
+        except (ClientError, TimeoutError, ValueError) as exc:
+            error = (
+                f"KV transfer from engine {source.engine_id} at {source.host}:{source.port} failed: "
+                f"cannot reach its NIXL side channel ({exc.__class__.__name__}: {exc})"
+            )
+        failure = engine.core.remote_read_done(read.request_id, engine.model_now(), error)
+        if failure is not None:
+            engine.deliver(failure)
+        engine.wake()
+
+    async def mirror_peers(self) -> None:
+        """Keep the p2p prefix index in step with peers' LMCache CPU tiers (as LMCache's controller does)."""
+        engine = self.engine
+        assert engine.prefix_index is not None
+        while True:
+            for peer in engine.config.p2p_peers:
+                try:
+                    async with engine.session.get(f"http://{peer}/lmcache/chunks") as response:
+                        body = await response.json()
+                    engine.prefix_index.replace_engine(
+                        body["engine_id"], [bytes.fromhex(h) for h in body["chunks"]]
+                    )
+                except (ClientError, TimeoutError, ValueError, KeyError) as exc:
+                    log.debug("p2p peer %s not reachable: %s", peer, exc)
+            await asyncio.sleep(engine.config.p2p_refresh_s)
