@@ -19,6 +19,7 @@ import aiohttp
 
 from inferencepool.controller.status import MissingReference, ReconcileOutcome, WorkloadState
 from inferencepool.kube import Kube
+from inferencepool.observability.metrics import OperatorMetrics
 
 
 @dataclass
@@ -39,6 +40,8 @@ class OperatorContext:
     reconciles: int = 0  # reconciles finished, for tests and the benchmark
     # The autoscalers' scrapes (made on the operator's loop at startup, closed at cleanup).
     session: aiohttp.ClientSession | None = None
+    # The operator's own Prometheus metrics (served by `inferencepool operator --metrics-port`).
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
 
 
 @dataclass

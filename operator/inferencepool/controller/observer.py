@@ -36,9 +36,12 @@ from inferencepool.controller.status import (
 )
 from inferencepool.kube import KubeError
 from inferencepool.kube.objects import pool_reference
+from inferencepool.observability.metrics import record_status
 
 WORKLOAD_KEYS: tuple[WorkloadKey, ...] = ("prefill", "decode", "router", "lmcache-controller")
-IDLE_SECONDS = 30.0  # how long to wait for a wake-up when nothing is due (a spec that does not validate)
+# The longest wait between rounds (when nothing is due: a spec that does not validate); `stopped` is checked
+# between rounds.
+IDLE_SECONDS = 1.0
 log = logging.getLogger("inferencepool.observer")
 
 States = Mapping[Any, Any]  # a kopf index of WorkloadState by (namespace, pool, role)
@@ -56,14 +59,19 @@ class PoolObserver:
 
     async def run(self, stopped: kopf.DaemonStopped) -> None:
         """Until kopf stops the daemon, the pool is deleted or its status can no longer be written."""
+        gone = False
         while not stopped and not self.memory.deleted:
             pool = self._current_pool()
             if pool is not None:
                 await self._step_autoscaler()
             if not await self._write_status(pool):
-                return
+                gone = True
+                break
             timeout = self._scaler.seconds_to_next() if self._scaler is not None else IDLE_SECONDS
             await self.memory.wait(timeout, self.context.status_delay_seconds)
+        if gone or self.memory.deleted:
+            meta = self.body.metadata
+            self.context.metrics.forget_pool(meta.get("namespace", ""), meta.get("name", ""))
 
     def _current_pool(self) -> InferencePool | None:
         """The pool as kopf last saw it, validated (None if the models refuse it: reconcile reports that)."""
@@ -100,6 +108,7 @@ class PoolObserver:
             return True  # nothing reconciled yet (the status already there stands), or going away
         previous = self._previous()
         document = self._compose(pool, previous, self.context.clock())
+        record_status(self.context.metrics, meta.get("namespace", ""), meta.get("name", ""), document)
         if document == self.memory.written or not status_differs(self.body.get("status"), document):
             return True
         try:

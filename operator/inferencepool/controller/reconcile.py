@@ -32,8 +32,10 @@ async def reconcile(
     context: OperatorContext, memory: PoolMemory, body: Mapping[str, Any], reason: str, logger: Logger
 ) -> None:
     """Raises kopf.PermanentError for a spec only the user can fix, kopf.TemporaryError to be retried."""
-    async with memory.lock:
-        await _reconcile(context, memory, body, reason, logger)
+    meta = body["metadata"]
+    with context.metrics.reconcile(meta.get("namespace", ""), meta.get("name", "")):
+        async with memory.lock:
+            await _reconcile(context, memory, body, reason, logger)
 
 
 async def _reconcile(

@@ -41,8 +41,11 @@ def register(registry: kopf.OperatorRegistry) -> None:
     kopf.on.event(*POOLS, id="pool_event", registry=registry)(pool_event)
     for api_version, kind in CHILD_KINDS:
         kopf.on.event(api_version, kind, labels=CHILD_FILTER, id="child", registry=registry)(child_event)
-    # Stopping (operator exit): kopf cancels the daemon at once and waits this long for it to finish.
-    kopf.daemon(*POOLS, id="observe", cancellation_timeout=10.0, registry=registry)(observe_pool)
+    # Stopping (operator exit): the daemon sees `stopped` within a second and returns; kopf cancels it if not.
+    on_daemon = kopf.daemon(
+        *POOLS, id="observe", cancellation_backoff=2.0, cancellation_timeout=10.0, registry=registry
+    )
+    on_daemon(observe_pool)
     _without_finalizer(registry, observe_pool)
 
 
