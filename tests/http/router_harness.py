@@ -10,8 +10,8 @@ from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+from tests.support.engines import RunningEngine, running_engine
 
-from inferencepool.engine_sim.testing import RunningEngine, running_engine
 from inferencepool.router.config import RouterConfig
 from inferencepool.router.discovery import static_pods
 from inferencepool.router.server import Router, serve

@@ -14,11 +14,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 from tests.http.router_harness import MODEL, config_for, running_router
+from tests.support.engines import running_engine
 
 from inferencepool import cli
 from inferencepool.diagnosis.cli import RawSnapshot, snapshot_text
 from inferencepool.engine_sim.profiles import PROFILES, EngineProfile
-from inferencepool.engine_sim.testing import running_engine
 
 # The CPU demo device with a fifth of its compute: prefill costs ~1.2 ms a token and decode steps grow from
 # ~21 ms (a few streams) to ~50 ms (32 streams), so both phases can be driven past a 800 ms / 40 ms target

@@ -8,10 +8,10 @@ from typing import Any
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from tests.support.engines import RunningEngine, running_engine
 
 from inferencepool.engine_sim import metrics
 from inferencepool.engine_sim.profiles import get_profile
-from inferencepool.engine_sim.testing import RunningEngine, running_engine
 from inferencepool.engine_sim.tokenizer import EstimateTokenizer
 
 MODEL = "fake-model"

@@ -11,10 +11,10 @@ from typing import Any
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from tests.support.engines import RunningEngine, running_engine
 
 from inferencepool.engine_sim import timing
 from inferencepool.engine_sim.profiles import get_profile
-from inferencepool.engine_sim.testing import RunningEngine, running_engine
 
 MODEL = "fake-model"
 PROFILE = "llama-3.1-8b-h100"

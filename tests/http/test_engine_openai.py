@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 
 import openai
 import pytest
+from tests.support.engines import RunningEngine, running_engine
 
-from inferencepool.engine_sim.testing import RunningEngine, running_engine
 from inferencepool.engine_sim.tokenizer import EstimateTokenizer
 
 MODEL = "fake-model"

@@ -6,9 +6,9 @@ import asyncio
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+from tests.support.engines import RunningEngine, running_engine
 
 from inferencepool.engine_sim.core import LmcacheSettings
-from inferencepool.engine_sim.testing import RunningEngine, running_engine
 
 MODEL = "fake-model"
 SHARED = " ".join(f"s{i % 997}" for i in range(3000))  # 3000 tokens: 11 whole 256-token chunks

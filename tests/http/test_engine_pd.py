@@ -17,10 +17,10 @@ from typing import Any
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from tests.support.engines import RunningEngine, running_engine
 
 from inferencepool.engine_sim.core import LmcacheSettings
 from inferencepool.engine_sim.server import PdConfig
-from inferencepool.engine_sim.testing import RunningEngine, running_engine
 from inferencepool.router.lmcache_pd import PDNotifications
 
 MODEL = "fake-model"

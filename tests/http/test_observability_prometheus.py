@@ -22,9 +22,9 @@ import pytest_asyncio
 from prometheus_client import start_http_server
 from tests.http.prometheus_harness import Prometheus, check_dashboard, free_port, running_prometheus
 from tests.http.router_harness import LONG_PROMPT, MODEL, SHORT_PROMPT, config_for, running_router
+from tests.support.engines import running_engine
 
 from inferencepool.engine_sim.core import LmcacheSettings
-from inferencepool.engine_sim.testing import running_engine
 from inferencepool.observability import alerts, scrape
 from inferencepool.observability.metrics import OperatorMetrics
 

@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 from tests.http.router_harness import LONG_PROMPT, MODEL, config_for, metric_sum, running_router
+from tests.support.engines import RunningEngine, running_engine
 
 from inferencepool.engine_sim.core import LmcacheSettings
 from inferencepool.engine_sim.server import PdConfig
-from inferencepool.engine_sim.testing import RunningEngine, running_engine
 from inferencepool.router.config import StaticBackends
 from inferencepool.router.discovery import static_pods
 

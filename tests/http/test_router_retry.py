@@ -19,9 +19,9 @@ from tests.http.router_harness import (
     metric_sum,
     running_router,
 )
+from tests.support.engines import RunningEngine
 
 from inferencepool.engine_sim.server import FakeEngine
-from inferencepool.engine_sim.testing import RunningEngine
 
 
 @contextlib.asynccontextmanager

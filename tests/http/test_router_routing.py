@@ -19,10 +19,10 @@ from tests.http.router_harness import (
     metric_sum,
     running_router,
 )
+from tests.support.engines import RunningEngine, running_engine
 
 from inferencepool.engine_sim.core import LmcacheSettings
 from inferencepool.engine_sim.server import PdConfig
-from inferencepool.engine_sim.testing import RunningEngine, running_engine
 from inferencepool.router.config import StaticBackends
 from inferencepool.router.discovery import static_pods
 

@@ -1,5 +1,5 @@
-"""Start fake engines inside a test's event loop (loopback, ephemeral ports), for this project's tests and
-others'.
+"""Start fake engines inside a test's event loop (loopback, ephemeral ports): a test fixture, kept out of the
+wheel.
 
     async with running_engine(profile="zero") as engine:
         url = engine.url  # http://127.0.0.1:<port>
