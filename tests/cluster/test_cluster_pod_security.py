@@ -7,15 +7,20 @@ upstream vLLM image runs as root) are refused there, naming what restricted want
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import yaml
-from tests.support.cluster import TestCluster
+from tests.cluster.operator_fixtures import admin_kube, crd_installed, operator, operator_kubeconfig
+from tests.support.cluster import TestCluster, eventually
 
 from inferencepool.api import labels
 from inferencepool.api.v1alpha1 import InferencePool
 from inferencepool.builders import pool_children
+from inferencepool.controller.context import OperatorContext
+
+_ = (admin_kube, crd_installed, operator, operator_kubeconfig)  # fixtures, used by name
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -85,3 +90,28 @@ def test_engines_are_admitted_under_baseline(cluster: TestCluster, namespace: st
     assert code != 0
     assert "allowPrivilegeEscalation" not in stderr and "capabilities" not in stderr, stderr
     assert "seccompProfile" not in stderr, stderr
+
+
+def test_in_a_restricted_namespace_the_operator_gets_router_and_controller_pods(
+    cluster: TestCluster, namespace: str, operator: OperatorContext
+) -> None:
+    """What the operator applies, the controllers turn into pods the restricted profile admits (engines run
+    the upstream vLLM image as root: their pods need a baseline namespace)."""
+    enforce(cluster, namespace, "restricted")
+    document = yaml.safe_load((REPO / "examples" / "demo-cpu.yaml").read_text())
+    document["spec"]["kvCache"]["p2p"] = {"enabled": True}
+    created = cluster.kubectl("create", "-n", namespace, "-f", "-", input_text=yaml.safe_dump(document))
+    assert created.returncode == 0, created.stderr
+    name = document["metadata"]["name"]
+
+    def pod_roles() -> set[str] | None:
+        listed = cluster.kubectl("get", "pods", "-n", namespace, "-o", "json")
+        assert listed.returncode == 0, listed.stderr
+        roles = {p["metadata"]["labels"].get(labels.LABEL_ROLE) for p in json.loads(listed.stdout)["items"]}
+        return roles if {"router", "lmcache-controller"} <= roles else None
+
+    roles = eventually(pod_roles, 90, "router and LMCache controller pods in the restricted namespace")
+    assert not roles & set(labels.ENGINE_ROLES)
+    # The StatefulSet controller says why the engines have none.
+    events = cluster.kubectl("get", "events", "-n", namespace, "--field-selector", "reason=FailedCreate")
+    assert f"{name}-decode" in events.stdout and "violates PodSecurity" in events.stdout, events.stdout
