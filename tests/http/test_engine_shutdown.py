@@ -109,3 +109,39 @@ async def test_bad_flag_values_are_reported() -> None:
     _, stderr = await asyncio.wait_for(process.communicate(), 30)
     assert process.returncode == 2
     assert b"unknown engine profile 'no-such-profile'" in stderr
+
+
+NIXL_PRODUCER = '{"kv_connector":"NixlConnector","kv_role":"kv_producer","kv_connector_extra_config":{"kv_lease_duration":30}}'  # noqa: E501
+
+
+@pytest.mark.parametrize(("shutdown_timeout", "served"), [("45", True), ("0", False)])
+async def test_a_terminating_prefill_engine_keeps_its_held_kv_only_with_a_shutdown_timeout(
+    shutdown_timeout: str, served: bool
+) -> None:
+    """Scale-down of a prefill pod: after SIGTERM, a decode engine still reads the KV the prefill engine
+    holds for it when vLLM drains (--shutdown-timeout > 0, as the operator sets it); with vLLM's default (0)
+    the hand-off is lost and the decode leg fails (issue 11, defect 5)."""
+    from tests.support.engines import running_engine
+
+    async with (
+        engine_process(
+            "--time-scale", "0.05", "--shutdown-timeout", shutdown_timeout,
+            "--kv-transfer-config", NIXL_PRODUCER, "--nixl-side-channel-port", "0",
+        ) as (process, url),
+        running_engine("cpu-demo", "llama-8b", time_scale=0.05, nixl=True) as decode,
+        aiohttp.ClientSession() as http,
+    ):  # fmt: skip
+        leg = {
+            "model": "llama-8b", "prompt": "a long shared prompt " * 200, "max_tokens": 1, "stream": False,
+            "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False},
+        }  # fmt: skip
+        async with http.post(f"{url}/v1/completions", json=leg) as response:
+            assert response.status == 200
+            params = (await response.json())["kv_transfer_params"]
+        process.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        body = {"model": "llama-8b", "prompt": leg["prompt"], "max_tokens": 2, "kv_transfer_params": params}
+        async with http.post(f"{decode.url}/v1/completions", json=body) as response:
+            assert (response.status == 200) is served, await response.text()
+        # the drain ends once nothing is held any more (here: read), well before the timeout
+        assert await asyncio.wait_for(process.wait(), 10) == 0
