@@ -107,3 +107,21 @@ def test_schema_refuses_bad_thresholds(helm: Helm) -> None:
     result = helm.run("template", "x", str(CHART), "--set", "monitoring.alerts.fallbackPercent=200")
     assert result.returncode != 0
     assert "fallbackPercent" in result.stderr
+
+
+def test_the_operator_serves_metrics_on_the_port_its_pod_monitor_scrapes(helm: Helm) -> None:
+    import argparse
+
+    from inferencepool.controller import cli as operator_cli
+
+    rendered = helm.template("--set", "monitoring.enabled=true")
+    (container,) = next(d for d in rendered if d["kind"] == "Deployment")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    parser = argparse.ArgumentParser()
+    operator_cli.configure(parser)
+    args = parser.parse_args(container["args"])
+    assert args.metrics_port == ports[scrape.OPERATOR_PORT]
+    monitor = by_name(rendered, "PodMonitor")["inferencepool-operator-operator"]
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == scrape.OPERATOR_PORT

@@ -140,3 +140,13 @@ def test_record_status_reads_the_status_document_the_operator_writes() -> None:
     metrics.record_status(m, "default", "demo", recorded_pools.degraded()["status"])
     assert value(m, metrics.DEGRADED, namespace="default", pool="demo") == 1
     assert value(m, metrics.READY_REPLICAS, **decode) == 0
+
+
+def test_record_status_of_an_invalid_spec_reports_degraded() -> None:
+    m = OperatorMetrics()
+    status = {
+        "observedGeneration": 1,
+        "conditions": [{"type": "Degraded", "status": "True", "reason": "InvalidSpec"}],
+    }
+    metrics.record_status(m, "default", "bad", status)
+    assert value(m, metrics.DEGRADED, namespace="default", pool="bad") == 1

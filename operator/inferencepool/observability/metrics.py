@@ -172,10 +172,11 @@ def record_status(metrics: OperatorMetrics, namespace: str, pool: str, status: M
     def limited(role: str) -> bool:
         return true("ScalingLimited") and (role in named or not named)
 
+    metrics.degraded.labels(namespace, pool).set(1 if true("Degraded") else 0)
     for role in ROLES:
         figures = status.get(role)
         if not isinstance(figures, Mapping):
-            continue
+            continue  # e.g. a spec the models refuse: its status is only Degraded
         last = figures.get("lastScaling")
         metrics.record_pool(
             namespace,
