@@ -3,6 +3,7 @@ pod."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 from inferencepool.router.config import RoutingPolicy
@@ -33,3 +34,67 @@ def choose_route(
     if not wants_prefill_pool(policy, prompt_tokens, threshold_tokens):
         return Route.DIRECT
     return Route.DISAGGREGATED if prefill_ready else Route.FALLBACK
+
+
+class RouteReason(StrEnum):
+    """Why a request took its route (the `disaggregation decisions` reasons)."""
+
+    POLICY = "policy"  # Colocated or AlwaysDisaggregate decided alone
+    SHORT = "short"  # fewer prompt tokens than the threshold
+    CACHED = "cached"  # long, but the chosen decode pod holds enough of its prefix
+    LONG = "long"  # enough uncached tokens to pay for the transfer
+    PREFILL_BUSY = "prefill_busy"  # the prefill pool's queue would miss the TTFT target, the decode pod not
+    DECODE_BUSY = "decode_busy"  # the decode pod's prefill queue would miss it, the prefill pool not
+    NO_PREFILL_POD = "no_prefill_pod"
+
+
+@dataclass(frozen=True, slots=True)
+class RouteCosts:
+    """What a request costs on each route, as the router estimates it (seconds)."""
+
+    uncached_tokens: int  # prompt tokens the chosen decode pod would compute (prompt minus its cached prefix)
+    prefill_seconds: float  # computing those tokens on an idle engine
+    prefill_queue_seconds: float  # prefill work already waiting on the least loaded prefill pod
+    decode_queue_seconds: float  # prefill work already waiting on the chosen decode pod
+    transfer_seconds: float  # moving the prompt's KV from a prefill pod to the decode pod
+    ttft_target_seconds: float | None = None  # None: no load-aware bypass
+
+
+def choose_route_by_cost(
+    policy: RoutingPolicy,
+    costs: RouteCosts,
+    threshold_tokens: int,
+    prefill_ready: bool,
+    prompt_tokens: int,
+) -> tuple[Route, RouteReason]:
+    """LengthAware on what the decode pod would actually compute, with load-aware bypass both ways.
+
+    A prompt goes through the prefill pool when its uncached tokens reach the threshold, unless the prefill
+    pool is so busy that its TTFT estimate (queue + prefill + transfer) misses the target while prefilling on
+    the decode pod (its queue + prefill) would not; and a shorter prompt goes through the prefill pool when
+    the decode pod's queue would make it miss the target and the prefill pool would not (only for prompts
+    of at least a quarter of the threshold: a transfer never pays for a handful of tokens).
+    """
+    if policy == "Colocated":
+        return Route.DIRECT, RouteReason.POLICY
+    if policy == "AlwaysDisaggregate":
+        if not prefill_ready:
+            return Route.FALLBACK, RouteReason.NO_PREFILL_POD
+        return Route.DISAGGREGATED, RouteReason.POLICY
+    target = costs.ttft_target_seconds
+    direct = costs.decode_queue_seconds + costs.prefill_seconds
+    disaggregated = costs.prefill_queue_seconds + costs.prefill_seconds + costs.transfer_seconds
+    if costs.uncached_tokens < threshold_tokens:
+        if (
+            prefill_ready
+            and target is not None
+            and costs.uncached_tokens * 4 >= threshold_tokens
+            and direct > target >= disaggregated
+        ):
+            return Route.DISAGGREGATED, RouteReason.DECODE_BUSY
+        return Route.DIRECT, RouteReason.CACHED if prompt_tokens >= threshold_tokens else RouteReason.SHORT
+    if not prefill_ready:
+        return Route.FALLBACK, RouteReason.NO_PREFILL_POD
+    if target is not None and disaggregated > target >= direct:
+        return Route.DIRECT, RouteReason.PREFILL_BUSY
+    return Route.DISAGGREGATED, RouteReason.LONG

@@ -44,6 +44,7 @@ from inferencepool.autoscaler.planner import (
     RouteLoad,
 )
 from inferencepool.autoscaler.policy import Recommender
+from inferencepool.engine_sim import timing
 from inferencepool.engine_sim.core import (
     EngineCore,
     EngineRequest,
@@ -57,12 +58,13 @@ from inferencepool.engine_sim.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from inferencepool.engine_sim.profiles import EngineProfile
 from inferencepool.router.config import AdaptiveThresholdConfig, PrefixAffinityConfig
 from inferencepool.router.pods import EngineRole, Pod, PodSet, PodSpec
-from inferencepool.router.policy import Route, choose_route
+from inferencepool.router.policy import Route, RouteCosts, choose_route, choose_route_by_cost
 from inferencepool.router.prompt import Prompt
 from inferencepool.router.threshold import SampleWindow, adapt, percentile
 from inferencepool.router.tokens import EstimateCounter
 from inferencepool.sim.network import Network
-from inferencepool.sim.workload import TraceRequest, prompt_ids
+from inferencepool.sim.routing import PrefixIndex, chained_keys
+from inferencepool.sim.workload import MOONCAKE_BLOCK_TOKENS, TraceRequest, prompt_ids
 
 REJECTED = "rejected"  # longer than max_model_len: the engine answers 400 and nothing runs
 
@@ -104,6 +106,11 @@ class Scenario:
     prefill_chunk_tokens: int | None = None  # --max-num-batched-tokens of prefill replicas (None: profile's)
     decode_chunk_tokens: int | None = None  # ... of decode replicas, or of every replica of a Colocated pool
     planner: PlannerScaling | None = None
+    # issue-14 routing: decide on the chosen decode pod's uncached tokens and both pools' queues
+    # (`choose_route_by_cost`), and pick that pod by the longest prefix it holds (`routing.PrefixIndex`)
+    cost_aware: bool = False
+    longest_prefix: bool = False
+    cost_ttft_target_seconds: float | None = None  # the load-aware bypass's target (None: no bypass)
 
     def __post_init__(self) -> None:
         for chunk in (self.prefill_chunk_tokens, self.decode_chunk_tokens):
@@ -304,6 +311,15 @@ class ClusterSim:
         self._busy_seen: dict[str, float] = {}
         self._direct_ttfts: list[tuple[float, float]] = []  # the router's TTFT of direct requests
         self._arrivals: dict[str, list[tuple[float, float]]] = {"prefill": [], "direct": []}  # time, work
+        # the router's estimates for cost-aware routing: prefill work waiting per pod, prefixes per pod
+        self._routing_model = (
+            from_profile(self.profile) if scenario.cost_aware or scenario.longest_prefix else None
+        )
+        self._pending: dict[str, float] = {}
+        self._pending_by_leg: dict[str, tuple[str, float]] = {}
+        self._prefixes = PrefixIndex(max(1, profile.kv_capacity_tokens // MOONCAKE_BLOCK_TOKENS))
+        self.route_reasons: dict[str, int] = {}
+        self._rotation = 0
 
     def _tuned(self, chunk_tokens: int | None) -> EngineProfile:
         if chunk_tokens is None or chunk_tokens == self.profile.max_num_batched_tokens:
@@ -410,9 +426,15 @@ class ClusterSim:
             if self.scenario.prefix_affinity
             else None
         )
-        route = choose_route(
-            self.scenario.policy, record.prompt_tokens, self.threshold, self.pods.has_available("prefill")
-        )
+        chosen: Pod | None = None
+        keys: list[int] = []
+        uncached = record.prompt_tokens
+        if self._routing_model is not None:
+            route, chosen, keys, uncached = self._route_by_cost(record, request, affinity)
+        else:
+            route = choose_route(
+                self.scenario.policy, record.prompt_tokens, self.threshold, self.pods.has_available("prefill")
+            )
         record.route = route.value
         if self._capacity is not None:
             counts = self._routed["direct" if route is Route.DIRECT else "prefill"]
@@ -422,12 +444,95 @@ class ClusterSim:
             counts[2] += work
             self._arrivals["direct" if route is Route.DIRECT else "prefill"].append((now, work))
         if route is Route.DISAGGREGATED:
-            pod = self._pick("prefill", affinity)
+            if self._routing_model is not None:
+                pod = min(self.pods.available("prefill", now), key=lambda p: self._pending.get(p.name, 0.0))
+            else:
+                pod = self._pick("prefill", affinity)
             replica = self.by_engine[pod.name]
             record.prefill_pod = pod.name
+            if self._routing_model is not None:
+                self._expect(f"r{record.index}", pod.name, record.prompt_tokens)
             self._send(replica, record, EngineRequest(f"r{record.index}", ids, 1, remote_decode=True))
             return
+        if chosen is not None:
+            record.decode_pod = chosen.name
+            self._prefixes.sent(chosen.name, keys)
+            self._expect(f"r{record.index}", chosen.name, uncached)
+            self._send(
+                self.by_engine[chosen.name],
+                record,
+                EngineRequest(f"r{record.index}", ids, record.output_tokens),
+            )
+            return
         self._send_decode(record, EngineRequest(f"r{record.index}", ids, record.output_tokens), affinity)
+
+    def _expect(self, leg: str, pod: str, tokens: int) -> None:
+        """The router counts the prefill work it sent a pod until that pod's first token for it."""
+        assert self._routing_model is not None
+        work = self._routing_model.prefill_seconds(max(1, tokens))
+        self._pending[pod] = self._pending.get(pod, 0.0) + work
+        self._pending_by_leg[f"{pod}/{leg}"] = (pod, work)
+
+    def _prefilled(self, replica: Replica, request_id: str) -> None:
+        entry = self._pending_by_leg.pop(f"{replica.name}/{request_id}", None)
+        if entry is not None:
+            self._pending[entry[0]] -= entry[1]
+
+    def _route_by_cost(
+        self, record: RequestRecord, request: TraceRequest, affinity: int | None
+    ) -> tuple[Route, Pod, list[int], int]:
+        """Pick the decode pod first (longest cached prefix under the load bound, or the usual pick), then
+        the route from its uncached tokens and both pools' queues."""
+        model = self._routing_model
+        assert model is not None
+        now = self.now
+        keys = chained_keys(request.block_ids)
+        if self.scenario.longest_prefix:
+            candidates = self.pods.available("decode", now)
+            total = sum(p.outstanding for p in candidates)
+            bound = max(
+                math.ceil(self.pods.load_factor * (total + 1) / max(1, len(candidates))),
+                self.pods.min_load_bound,
+            )
+            under = [p for p in candidates if p.outstanding < bound] or candidates
+
+            # the pod where this prompt would start soonest: the prefill work already sent there plus this
+            # prompt's uncached part on it (a shared system prompt saves little, a long shared prefix much);
+            # rotate among exact ties, as PodSet.pick does
+            def start_after(pod: Pod) -> float:
+                cached = min(
+                    self._prefixes.cached_blocks(pod.name, keys) * MOONCAKE_BLOCK_TOKENS,
+                    record.prompt_tokens - 1,
+                )
+                return self._pending.get(pod.name, 0.0) + model.idle_prefill_seconds(
+                    record.prompt_tokens - cached
+                )
+
+            self._rotation += 1
+            scored = [(round(start_after(p), 6), p.outstanding, p) for p in under]
+            best = min((t, o) for t, o, _ in scored)
+            tied = [p for t, o, p in scored if (t, o) == best]
+            chosen = tied[self._rotation % len(tied)]
+        else:
+            chosen = self._pick("decode", affinity)
+        cached = min(
+            self._prefixes.cached_blocks(chosen.name, keys) * MOONCAKE_BLOCK_TOKENS, record.prompt_tokens - 1
+        )
+        uncached = record.prompt_tokens - cached
+        prefill_pods = self.pods.available("prefill", now)
+        costs = RouteCosts(
+            uncached_tokens=uncached,
+            prefill_seconds=model.idle_prefill_seconds(uncached),
+            prefill_queue_seconds=min((self._pending.get(p.name, 0.0) for p in prefill_pods), default=0.0),
+            decode_queue_seconds=self._pending.get(chosen.name, 0.0),
+            transfer_seconds=timing.nixl_transfer_time(self.profile, record.prompt_tokens),
+            ttft_target_seconds=self.scenario.cost_ttft_target_seconds,
+        )
+        route, reason = choose_route_by_cost(
+            self.scenario.policy, costs, self.threshold, bool(prefill_pods), record.prompt_tokens
+        )
+        self.route_reasons[reason.value] = self.route_reasons.get(reason.value, 0) + 1
+        return route, chosen, keys, uncached
 
     def _pick(self, role: EngineRole, affinity: int | None) -> Pod:
         pod = self.pods.pick(role, self.now, affinity)
@@ -472,6 +577,8 @@ class ClusterSim:
         self._send_decode(
             record, EngineRequest(request_id, ids, record.output_tokens, remote_prefill=remote), None
         )
+        if self._routing_model is not None and record.decode_pod is not None:
+            self._prefixes.sent(record.decode_pod, chained_keys(request.block_ids))
 
     # ----- engines -----
 
@@ -573,6 +680,8 @@ class ClusterSim:
         record = replica.legs[request_id]
         if event.index == 0:
             replica.ttft.observe(now - replica.engine_arrival[request_id])
+            if self._routing_model is not None:
+                self._prefilled(replica, request_id)
         else:
             itl = now - replica.last_token[request_id]
             replica.itl.observe(itl)

@@ -2,9 +2,11 @@
 fixed and with an adaptive threshold, and LengthAware P/D with per-pool autoscaling (its GPU time varies).
 
 More scenarios on request: `colocated-tuned` (colocated engines with the decode pods' small prefill chunk,
-so the comparison with P/D is fair), `planner` (LengthAware P/D sized by the SLA planner), and the searched
-static baselines `static-peak` and `static-min` (see `search.static_sizes`). `autoscaled` is the project's
-first rule (HPA on latency), kept for comparison."""
+so the comparison with P/D is fair), `colocated-prefix` (colocated, each request to the pod holding its
+longest prefix under the load bound), `cost-aware` (LengthAware on the chosen decode pod's uncached tokens,
+with load-aware bypass both ways and longest-prefix pod choice), `planner` (LengthAware P/D sized by the
+SLA planner), and the searched static baselines `static-peak` and `static-min` (see `search.static_sizes`).
+`autoscaled` is the project's first rule (HPA on latency), kept for comparison."""
 
 from __future__ import annotations
 
@@ -28,7 +30,14 @@ from inferencepool.sim.workload import TraceRequest
 
 BASELINE = "colocated"
 SCENARIO_NAMES = ("colocated", "static-pd", "length-aware", "adaptive", "autoscaled")
-EXTRA_SCENARIOS = ("colocated-tuned", "planner", "static-peak", "static-min")
+EXTRA_SCENARIOS = (
+    "colocated-tuned",
+    "colocated-prefix",
+    "cost-aware",
+    "planner",
+    "static-peak",
+    "static-min",
+)
 SEARCHED = ("static-peak", "static-min")
 
 
@@ -130,6 +139,26 @@ def build_scenarios(budget: Budget, slo: Slo, names: Sequence[str] = SCENARIO_NA
             Scenario("autoscaled", "LengthAware", prefill, decode, threshold, autoscaling=autoscaling)
         ),
         "planner": tuned(Scenario("planner", "LengthAware", prefill, decode, threshold, planner=planner)),
+        "colocated-prefix": Scenario(
+            "colocated-prefix",
+            "Colocated",
+            0,
+            budget.replicas,
+            decode_chunk_tokens=budget.decode_chunk_tokens,
+            longest_prefix=True,
+        ),
+        "cost-aware": tuned(
+            Scenario(
+                "cost-aware",
+                "LengthAware",
+                prefill,
+                decode,
+                threshold,
+                cost_aware=True,
+                longest_prefix=True,
+                cost_ttft_target_seconds=slo.ttft_seconds,
+            )
+        ),
     }
     return [every[name] for name in names]
 

@@ -1,0 +1,87 @@
+"""Routing on uncached tokens with load-aware bypass (the pure rule), the router's prefix index, and what
+they do in the simulator: a shared system prompt spreads, a long shared prefix stays together."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.router.policy import Route, RouteCosts, RouteReason, choose_route_by_cost
+from inferencepool.sim.cluster import Scenario, simulate
+from inferencepool.sim.routing import PrefixIndex, chained_keys
+from inferencepool.sim.workload import TraceRequest
+
+H100 = get_profile("llama-3.1-8b-h100")
+
+
+def costs(uncached: int, prefill_queue: float = 0.0, decode_queue: float = 0.0) -> RouteCosts:
+    return RouteCosts(
+        uncached_tokens=uncached,
+        prefill_seconds=uncached * 3e-5,
+        prefill_queue_seconds=prefill_queue,
+        decode_queue_seconds=decode_queue,
+        transfer_seconds=0.02,
+        ttft_target_seconds=1.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("prompt", "cost", "ready", "expected"),
+    [
+        (8000, costs(8000), True, (Route.DISAGGREGATED, RouteReason.LONG)),
+        (8000, costs(500), True, (Route.DIRECT, RouteReason.CACHED)),  # long prompt, prefix cached
+        (1000, costs(1000), True, (Route.DIRECT, RouteReason.SHORT)),
+        (8000, costs(8000, prefill_queue=2.0), True, (Route.DIRECT, RouteReason.PREFILL_BUSY)),
+        (
+            8000,
+            costs(8000, prefill_queue=2.0, decode_queue=2.0),
+            True,
+            (Route.DISAGGREGATED, RouteReason.LONG),
+        ),
+        (3000, costs(3000, decode_queue=1.5), True, (Route.DISAGGREGATED, RouteReason.DECODE_BUSY)),
+        (500, costs(500, decode_queue=1.5), True, (Route.DIRECT, RouteReason.SHORT)),  # too short to move
+        (8000, costs(8000), False, (Route.FALLBACK, RouteReason.NO_PREFILL_POD)),
+    ],
+)
+def test_route_by_cost(
+    prompt: int, cost: RouteCosts, ready: bool, expected: tuple[Route, RouteReason]
+) -> None:
+    assert choose_route_by_cost("LengthAware", cost, 4096, ready, prompt) == expected
+
+
+def test_route_by_cost_keeps_the_fixed_policies() -> None:
+    assert choose_route_by_cost("Colocated", costs(9000), 4096, True, 9000) == (
+        Route.DIRECT,
+        RouteReason.POLICY,
+    )
+    assert choose_route_by_cost("AlwaysDisaggregate", costs(10), 4096, True, 10)[0] is Route.DISAGGREGATED
+
+
+def test_prefix_index_counts_leading_blocks_and_forgets_the_oldest() -> None:
+    index = PrefixIndex(capacity_blocks=4)
+    a, b = chained_keys([1, 2, 3]), chained_keys([1, 2, 9])
+    index.sent("p", a)
+    assert index.cached_blocks("p", b) == 2 and index.cached_blocks("p", a) == 3
+    assert index.cached_blocks("q", a) == 0
+    assert chained_keys([5, 2])[1] != chained_keys([6, 2])[1]  # a block's key depends on what came before
+    index.sent("p", chained_keys([7, 8]))  # 5 keys > 4: the oldest (block 1's) goes
+    assert index.cached_blocks("p", a) == 0
+
+
+def test_system_prompt_spreads_and_long_shared_prefix_stays_together() -> None:
+    # 40 conversations share a 1-block system prompt; conversation c's turns share 16 more blocks
+    trace = [
+        TraceRequest(turn * 5.0 + c * 0.1, 17 * 512, 20, (0, *range(1000 * (c + 1), 1000 * (c + 1) + 16)))
+        for turn in range(3)
+        for c in range(40)
+    ]
+    trace.sort(key=lambda r: r.arrival)
+    longest = simulate(Scenario("long", "Colocated", 0, 4, longest_prefix=True), H100, trace)
+    first_turns = [r.decode_pod for r in longest.records[:40]]
+    # the system prompt alone does not pin everything to one pod
+    assert len(set(first_turns)) >= 3 and max(first_turns.count(p) for p in set(first_turns)) <= 20
+    by_conversation: dict[int, set[str | None]] = {}
+    for record, request in zip(longest.records, trace, strict=True):
+        by_conversation.setdefault(request.block_ids[1], set()).add(record.decode_pod)
+    together = sum(len(pods) == 1 for pods in by_conversation.values())
+    assert together >= 30  # later turns find the pod that holds their conversation
