@@ -133,3 +133,34 @@ def test_a_spec_the_children_cannot_take_is_degraded_naming_the_field_until_fixe
     recovered = wait_condition(admin_kube, namespace, "bad", "Degraded", "False", timeout=60)
     assert recovered["reason"] == "AsExpected"
     assert admin_kube.get("apps/v1", "StatefulSet", namespace, "bad-decode") is not None
+
+
+def test_status_an_earlier_operator_wrote_under_the_autoscalers_manager_is_taken_over(
+    cluster: TestCluster, operator: OperatorContext, admin_kube: Kube, namespace: str
+) -> None:
+    kubectl_ok(cluster, "apply", "-f", "-", input_text=json.dumps(simulated_pool(namespace, "old")))
+    wait_condition(admin_kube, namespace, "old", "Progressing", "True", timeout=60)
+    # What operators before the single status writer left: a figure under the autoscaler's own manager.
+    legacy = {
+        "apiVersion": "serving.inferencepool.dev/v1alpha1",
+        "kind": "InferencePool",
+        "metadata": {"name": "old", "namespace": namespace},
+        "status": {"decode": {"observedMilliseconds": 999}},
+    }
+    admin_kube.apply_status(legacy, "inferencepool-autoscaler")
+
+    def managers() -> set[str]:
+        pool = get_pool(admin_kube, namespace, "old") or {}
+        fields = pool.get("metadata", {}).get("managedFields") or []
+        return {f["manager"] for f in fields if f.get("subresource") == "status"}
+
+    eventually(
+        lambda: (
+            "inferencepool-autoscaler" not in managers()
+            and "observedMilliseconds"
+            not in ((get_pool(admin_kube, namespace, "old") or {})["status"]["decode"])
+        ),
+        30,
+        "the autoscaler's manager to let go of the status",
+    )
+    assert managers() == {"inferencepool-operator"}

@@ -111,7 +111,7 @@ class PoolObserver:
         document = self._compose(pool, previous, self.context.clock())
         record_status(self.context.metrics, meta.get("namespace", ""), meta.get("name", ""), document)
         # Status written by an earlier operator under the autoscaler's manager is taken over once (see below).
-        legacy = False and labels.AUTOSCALER_FIELD_MANAGER in status_managers(self.body)
+        legacy = labels.AUTOSCALER_FIELD_MANAGER in status_managers(self.body)
         if document == self.memory.written or (
             not legacy and not status_differs(self.body.get("status"), document)
         ):
