@@ -61,7 +61,7 @@ def test_names_children_cannot_carry_are_refused(
 ) -> None:
     code, stderr = create(cluster, namespace, demo_pool(name))
     assert code != 0
-    assert message in stderr, stderr
+    assert f"metadata.name: Invalid value: {message}" in stderr, stderr
     assert name not in stored_names(cluster, namespace)
 
 

@@ -96,7 +96,10 @@ def test_names_children_cannot_carry_are_refused(name: str, complaint: str) -> N
 
 def test_name_rules_reach_the_crd_root_and_agree_with_the_model() -> None:
     schema = crd.custom_resource_definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    assert schema["x-kubernetes-validations"] == [{"rule": r.cel, "message": r.message} for r in NAME_RULES]
+    assert schema["x-kubernetes-validations"] == [
+        {"rule": r.cel, "message": r.message, "fieldPath": ".metadata.name"} for r in NAME_RULES
+    ]
+    assert schema["properties"]["metadata"]["properties"]["name"]["type"] == "string"
     for rule in NAME_RULES:
         assert "self.metadata.name" in rule.cel and "metadata.name" in rule.message
     assert all(rule.holds("p" * MAX_POOL_NAME_LENGTH) for rule in NAME_RULES)

@@ -133,7 +133,7 @@ def spec_validations() -> list[dict[str, str]]:
 
 def name_validations() -> list[dict[str, str]]:
     """The rules on metadata.name as CEL at the schema's root (the one place CEL may read metadata.name)."""
-    return [{"rule": rule.cel, "message": rule.message} for rule in NAME_RULES]
+    return [{"rule": rule.cel, "message": rule.message, "fieldPath": ".metadata.name"} for rule in NAME_RULES]
 
 
 def _printer_columns() -> list[dict[str, Any]]:
@@ -179,7 +179,12 @@ def open_api_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": "serving.inferencepool.dev/v1alpha1"},
             "kind": {"type": "string", "description": "InferencePool"},
-            "metadata": {"type": "object"},
+            # Declaring name (the one field besides generateName a CRD may say anything about) lets the name
+            # rules point at it: the API server then reports `metadata.name: Invalid value: ...`.
+            "metadata": {
+                "type": "object",
+                "properties": {"name": {"type": "string", "description": "The pool's name."}},
+            },
             "spec": spec,
             "status": structural_schema(InferencePoolStatus),
         },
