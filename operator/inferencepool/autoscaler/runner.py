@@ -129,7 +129,7 @@ class PoolAutoscaler:
 
     @property
     def ref(self) -> PoolRef:
-        return PoolRef(self.name, self.namespace, str(self.pool.metadata.get("uid", "")))
+        return PoolRef.of(self.pool)
 
     def _restore(self, pool: InferencePool) -> None:
         """After an operator restart: keep the last decisions and readings already in status (they are the

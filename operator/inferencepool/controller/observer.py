@@ -156,8 +156,8 @@ class PoolObserver:
             message = outcome.problem.message if outcome.problem is not None else "spec rejected"
             return invalid_status_document(previous, generation, message, now)
         pool = pool.model_copy(update={"status": previous})
-        ref = PoolRef(pool.name(), pool.namespace(), str(pool.metadata.get("uid", "")))
-        status = compute_status(pool, generation, outcome, self._observed(pool), router_endpoint(ref), now)
+        endpoint = router_endpoint(PoolRef.of(pool))
+        status = compute_status(pool, generation, outcome, self._observed(pool), endpoint, now)
         limits = self._scaler.scaling_limited()
         limited = (
             None
