@@ -17,9 +17,10 @@ from tests.cluster.operator_fixtures import admin_kube, crd_installed, example
 from tests.cluster.test_chart_render import CHART, RELEASE, Helm, one
 from tests.support.cluster import TestCluster, eventually
 
+from inferencepool.builders import CHILD_KINDS
 from inferencepool.cluster import build
 from inferencepool.controller.runtime import operator_in_thread
-from inferencepool.kube import Kube
+from inferencepool.kube import Kube, resource_of
 
 _ = (admin_kube, crd_installed)  # fixtures, used by name
 CLUSTER_SCOPED = ({"apiextensions.k8s.io"}, {"customresourcedefinitions"})
@@ -178,3 +179,19 @@ def test_the_operator_runs_on_namespaced_rbac_and_reads_only_named_secrets(
     finally:
         for kind in ("clusterrole", "clusterrolebinding"):
             cluster.kubectl("delete", kind, release + "-inferencepool-operator", "--ignore-not-found")
+
+
+def test_the_operator_may_write_every_child_kind_it_builds(helm: Helm) -> None:
+    rules = one(helm.template("--set", "watchNamespaces={team-a}"), "Role")["rules"]
+    granted = {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    for api_version, kind in CHILD_KINDS:
+        resource = resource_of(api_version, kind)
+        group, plural = resource.group, resource.plural
+        for verb in ("get", "create", "patch", "list", "watch"):
+            assert (group, plural, verb) in granted, f"{kind}: {verb}"
