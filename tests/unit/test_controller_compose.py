@@ -213,3 +213,15 @@ def test_the_autoscalers_readers_post_nothing_and_change_nothing() -> None:
     assert first == (scaler.scaling_limited(), scaler.status_document())
     assert first[0] is not None and (first[0].limited, first[0].reason) == (True, "AtMaxReplicas")
     assert events == []
+
+
+def test_children_are_watched_through_a_server_side_selector_on_the_operators_labels() -> None:
+    from inferencepool.controller.runtime import configure_settings
+
+    settings = kopf.OperatorSettings()
+    configure_settings(settings)
+    selectors = {(s.group, s.version, s.any_name): v for s, v in settings.watching.label_selectors.items()}
+    expected = "app.kubernetes.io/managed-by=inferencepool-operator,app.kubernetes.io/part-of=inferencepool"
+    for api_version, kind in CHILD_KINDS:
+        group, _, version = api_version.rpartition("/")
+        assert selectors[(group, version, kind)] == expected

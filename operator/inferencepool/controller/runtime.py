@@ -20,9 +20,11 @@ from kubernetes import client as k8s_client
 
 from inferencepool.api import labels
 from inferencepool.autoscaler.runner import scrape_session
+from inferencepool.builders import CHILD_KINDS
 from inferencepool.controller.context import OperatorContext
-from inferencepool.controller.handlers import register
+from inferencepool.controller.handlers import CHILD_FILTER, register
 from inferencepool.kube import Kube, load_configuration
+from inferencepool.kube.objects import label_selector
 
 # The API server ends a watch after server_timeout; the client gives up on a silent connection a little later
 # and reconnects, so a watch that died without a FIN cannot keep the operator blind for long.
@@ -46,6 +48,10 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     # Events are posted explicitly, for what a user should know; kopf's per-handler chatter stays in the log.
     settings.posting.level = logging.CRITICAL
     settings.execution.max_workers = 8
+    # Children are watched (to repair one deleted by hand) through a server-side label selector: the watch
+    # streams carry the operator's own objects, not every ConfigMap or Service of the watched namespaces.
+    for api_version, kind in CHILD_KINDS:
+        settings.watching.label_selectors[api_version, kind] = label_selector(CHILD_FILTER)
 
 
 def connection_info(configuration: k8s_client.Configuration) -> kopf.ConnectionInfo:
