@@ -14,6 +14,8 @@ _ERROR_TYPES = {
     413: "RequestTooLargeError",
     414: "URITooLongError",
     431: "RequestHeaderFieldsTooLargeError",
+    501: "NotImplementedError",
+    505: "HTTPVersionNotSupportedError",
 }
 
 

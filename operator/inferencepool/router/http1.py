@@ -230,6 +230,7 @@ class _ServerConnection(asyncio.Protocol):
         self._url_size = 0
         self._headers: dict[str, str] = {}
         self._header_count = 0
+        self._hosts = 0
         # While a head is read: bytes it may still take in all, and for the header being read now.
         self._in_head = True
         self._head_room = server.head_limits.total
@@ -315,6 +316,7 @@ class _ServerConnection(asyncio.Protocol):
         self._url_size = 0
         self._headers = {}
         self._header_count = 0
+        self._hosts = 0
         self._body = []
         self._size = 0
 
@@ -332,13 +334,16 @@ class _ServerConnection(asyncio.Protocol):
             limit = self.server.head_limits.count
             self._reject(431, f"the request has more than the router's limit of {limit} headers")
             return
-        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        key = name.decode("latin-1").lower()
+        if key == "host":
+            self._hosts += 1
+        self._headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         if not self._rejected:
             self._check_head()  # a head that ended inside the piece fed last
-        if self._rejected:
+        if self._rejected or not self._framing_ok():
             return
         length = self._headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.server.limit:
@@ -346,6 +351,23 @@ class _ServerConnection(asyncio.Protocol):
             return
         if self._headers.get("expect", "").lower() == "100-continue":
             self.write(_CONTINUE)
+
+    def _framing_ok(self) -> bool:
+        """What llhttp lets through but RFC 9112 (and h11, see tests/fuzz) refuses: HTTP/0.9, an HTTP/1.1
+        request without exactly one Host, a transfer coding other than chunked (the router decodes none, and
+        an unknown coding must not be read as a plain body)."""
+        version = self._parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            self._reject(505, f"HTTP/{version} is not supported")
+        elif version == "1.1" and self._hosts != 1:
+            self._reject(400, f"an HTTP/1.1 request needs exactly one Host header, not {self._hosts}")
+        elif (coding := self._headers.get("transfer-encoding")) is not None and coding.strip().lower() != (
+            "chunked"
+        ):
+            self._reject(501, f"Transfer-Encoding {coding!r} is not supported (only chunked)")
+        else:
+            return True
+        return False
 
     def on_body(self, body: bytes) -> None:
         if self._rejected:
