@@ -219,6 +219,54 @@ class Server:
             conn.abort()
 
 
+class _HeadMeter:
+    """Counts a request head's bytes against HeadLimits as they arrive, so the parser is fed no further than
+    the bounds and its cost stays linear (see the module docstring)."""
+
+    __slots__ = ("field_room", "headers", "limits", "reading", "room", "url_size")
+
+    def __init__(self, limits: HeadLimits) -> None:
+        self.limits = limits
+        self.restart()
+
+    def restart(self) -> None:
+        """A new head may begin: all its room is free."""
+        self.reading = True
+        self.room = self.limits.total  # bytes the head may still take
+        self.field_room = self.limits.header  # bytes the header being read may still take
+        self.url_size = 0
+        self.headers = 0
+
+    def take(self, data: bytes) -> tuple[bytes, bytes]:
+        """The piece of `data` to feed now (one byte past the room, to see a bound crossed) and the rest."""
+        room = min(self.room, self.field_room) + 1
+        piece, rest = (data[:room], data[room:]) if len(data) > room else (data, b"")
+        self.room -= len(piece)
+        self.field_room -= len(piece)
+        return piece, rest
+
+    def on_url(self, size: int) -> None:
+        self.url_size += size
+        self.field_room = self.limits.header  # the request line's end starts the first header
+
+    def on_header(self) -> bool:
+        """A header is complete; False when it is one too many. httptools reports a header once the next
+        one begins, so the room restarts with that one."""
+        self.field_room = self.limits.header
+        self.headers += 1
+        return self.headers <= self.limits.count
+
+    def problem(self) -> tuple[int, str] | None:
+        limits = self.limits
+        if self.url_size > limits.request_line:
+            return 414, f"the request line exceeds the router's limit of {limits.request_line} bytes"
+        if self.field_room < 0:
+            return 431, f"a request header exceeds the router's limit of {limits.header} bytes"
+        if self.room < 0:
+            return 431, f"the request headers exceed the router's limit of {limits.total} bytes"
+        return None
+
+
 class _ServerConnection(asyncio.Protocol):
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -227,14 +275,9 @@ class _ServerConnection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
         self._url: list[bytes] = []
-        self._url_size = 0
         self._headers: dict[str, str] = {}
-        self._header_count = 0
         self._hosts = 0
-        # While a head is read: bytes it may still take in all, and for the header being read now.
-        self._in_head = True
-        self._head_room = server.head_limits.total
-        self._field_room = server.head_limits.header
+        self._head = _HeadMeter(server.head_limits)
         self._body: list[bytes] = []
         self._size = 0
         self._rejected = False
@@ -260,32 +303,22 @@ class _ServerConnection(asyncio.Protocol):
         self.server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
+        head = self._head
         while data and not self._rejected:
-            if self._in_head:
-                # A head is fed no further than its bounds, so its cost stays linear and bounded.
-                room = min(self._head_room, self._field_room) + 1
-                piece, data = (data[:room], data[room:]) if len(data) > room else (data, b"")
-                self._head_room -= len(piece)
-                self._field_room -= len(piece)
-            else:
-                piece, data = data, b""
+            piece, data = head.take(data) if head.reading else (data, b"")
             try:
                 self._parser.feed_data(piece)
             except httptools.HttpParserUpgrade:
                 self._reject(400, "protocol upgrades are not supported")
             except httptools.HttpParserError as error:
                 self._reject(400, f"malformed HTTP request: {error}")
-            if self._in_head and not self._rejected:
+            if head.reading and not self._rejected:
                 self._check_head()  # still in the head: it grows past a bound with the next byte
 
     def _check_head(self) -> None:
-        limits = self.server.head_limits
-        if self._url_size > limits.request_line:
-            self._reject(414, f"the request line exceeds the router's limit of {limits.request_line} bytes")
-        elif self._field_room < 0:
-            self._reject(431, f"a request header exceeds the router's limit of {limits.header} bytes")
-        elif self._head_room < 0:
-            self._reject(431, f"the request headers exceed the router's limit of {limits.total} bytes")
+        problem = self._head.problem()
+        if problem is not None:
+            self._reject(*problem)
 
     def eof_received(self) -> bool:
         return False  # a client that stops sending is gone: close, and cancel what it asked for
@@ -313,24 +346,17 @@ class _ServerConnection(asyncio.Protocol):
         self._reading_since = time.monotonic()
         self._idle_since = None
         self._url = []
-        self._url_size = 0
         self._headers = {}
-        self._header_count = 0
         self._hosts = 0
         self._body = []
         self._size = 0
 
     def on_url(self, url: bytes) -> None:
         self._url.append(url)
-        self._url_size += len(url)
-        # The request line's end starts the first header: its room starts there.
-        self._field_room = self.server.head_limits.header
+        self._head.on_url(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        # httptools reports a header once the next one begins: the room restarts with that one.
-        self._field_room = self.server.head_limits.header
-        self._header_count += 1
-        if self._header_count > self.server.head_limits.count:
+        if not self._head.on_header():
             limit = self.server.head_limits.count
             self._reject(431, f"the request has more than the router's limit of {limit} headers")
             return
@@ -340,7 +366,7 @@ class _ServerConnection(asyncio.Protocol):
         self._headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
-        self._in_head = False
+        self._head.reading = False
         if not self._rejected:
             self._check_head()  # a head that ended inside the piece fed last
         if self._rejected or not self._framing_ok():
@@ -380,9 +406,7 @@ class _ServerConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._reading_since = None
-        self._in_head = True
-        self._head_room = self.server.head_limits.total
-        self._field_room = self.server.head_limits.header
+        self._head.restart()
         if self._rejected:
             return
         url = b"".join(self._url).decode("latin-1")
