@@ -247,7 +247,10 @@ class EngineSpec(SpecModel):
         default=DEFAULT_TENSOR_PARALLEL_SIZE,
         ge=1,
         le=MAX_GPUS_PER_REPLICA,
-        description="GPUs one engine shards the model across (vLLM --tensor-parallel-size). Defaults to 1.",
+        description=(
+            "GPUs one engine shards the model across (vLLM --tensor-parallel-size), for both pools unless "
+            "prefill/decode.tensorParallelSize set their own. Defaults to 1."
+        ),
     )
     max_model_len: int | None = Field(
         default=None,
