@@ -154,23 +154,25 @@ class PoolAutoscaler:
         dues = [self._roles[r].due for r in POOL_ROLES if self.settings(r) is not None and r in self._roles]
         return max(0.05, min([1.0, self._router_due - now, *[due - now for due in dues]]))
 
-    async def tick(self) -> None:
-        """Decide for every role that is due; write replicas and post events. Raises KubeError when the API
-        server cannot be read (the caller logs it and tries again next time)."""
-        now = self._clock()
+    async def tick(self) -> bool:
+        """Decide for every role that is due; write replicas and post events. Whether anything was due (else
+        nothing it reports changed). Raises KubeError when the API server cannot be read (the caller logs it
+        and tries again next time)."""
+        now, ran = self._clock(), False
         for role in POOL_ROLES:
             settings = self.settings(role)
             if settings is None:
-                self._roles.pop(role, None)
+                ran = ran or self._roles.pop(role, None) is not None
                 continue
             state = self._roles.setdefault(role, _Role())
             if now >= state.due:
-                state.due = now + settings.interval_seconds
+                state.due, ran = now + settings.interval_seconds, True
                 await self._step(role, state, settings, now)
         if now >= self._router_due:
             interval, window = self._router_timing()
-            self._router_due = now + interval
+            self._router_due, ran = now + interval, True
             await self._observe_router(now, window)
+        return ran
 
     async def _step(self, role: PoolRole, state: _Role, settings: Autoscaling, now: float) -> None:
         """One decision for one role, and the scaling it asks for."""

@@ -8,7 +8,6 @@ and `memo.pool` belongs to one pool; kopf drops a pool's memo when the pool is d
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -68,14 +67,18 @@ class PoolMemory:
         self._urgent = self._urgent or urgent
         self._wake.set()
 
-    async def wait(self, timeout: float, coalesce_seconds: float) -> None:
-        """Until a status request (then the coalescing delay unless urgent) or `timeout`."""
-        with contextlib.suppress(TimeoutError):
+    async def wait(self, timeout: float, coalesce_seconds: float) -> bool:
+        """Until a status request (then the coalescing delay unless urgent) or `timeout`; whether a request
+        came."""
+        try:
             await asyncio.wait_for(self._wake.wait(), timeout)
-            if not self._urgent:
-                await asyncio.sleep(coalesce_seconds)
+        except TimeoutError:
+            return False
+        if not self._urgent:
+            await asyncio.sleep(coalesce_seconds)
         self._wake.clear()
         self._urgent = False
+        return True
 
 
 def operator_context(memo: Any) -> OperatorContext:

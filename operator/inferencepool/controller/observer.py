@@ -57,19 +57,20 @@ class PoolObserver:
         self._scaler: PoolAutoscaler | None = None
         self._version: str | None = None  # the resourceVersion `_pool` was validated from
         self._pool: InferencePool | None = None
+        self._retry = False  # the last status write failed: write again next round
 
     async def run(self, stopped: kopf.DaemonStopped) -> None:
         """Until kopf stops the daemon, the pool is deleted or its status can no longer be written."""
-        gone = False
+        gone, requested = False, True
         while not stopped and not self.memory.deleted:
             pool = self._current_pool()
-            if pool is not None:
-                await self._step_autoscaler()
-            if not await self._write_status(pool):
+            stepped = pool is not None and await self._step_autoscaler()
+            # The status changes only with what it is composed from: a reconcile, a workload, a reading.
+            if (requested or stepped or self._retry) and not await self._write_status(pool):
                 gone = True
                 break
             timeout = self._scaler.seconds_to_next() if self._scaler is not None else IDLE_SECONDS
-            await self.memory.wait(timeout, self.context.status_delay_seconds)
+            requested = await self.memory.wait(timeout, self.context.status_delay_seconds)
         if gone or self.memory.deleted:
             meta = self.body.metadata
             self.context.metrics.forget_pool(meta.get("namespace", ""), meta.get("name", ""))
@@ -93,14 +94,16 @@ class PoolObserver:
             self._scaler.update(self._pool)
         return self._pool
 
-    async def _step_autoscaler(self) -> None:
+    async def _step_autoscaler(self) -> bool:
+        """Whatever of the autoscaler is due; whether anything was."""
         assert self._scaler is not None
         try:
-            await self._scaler.tick()
+            return await self._scaler.tick()
         except KubeError as error:
             log.warning("autoscaler %s/%s: %s", self._scaler.namespace, self._scaler.name, error)
         except Exception:  # one bad round must not stop autoscaling this pool
             log.exception("autoscaler %s/%s: round failed", self._scaler.namespace, self._scaler.name)
+        return True  # it may have scaled before failing
 
     async def _write_status(self, pool: InferencePool | None) -> bool:
         """Compose and write the status if it changed; False when the pool is gone."""
@@ -133,7 +136,9 @@ class PoolObserver:
                 log.info("pool %s/%s is gone; status not written", meta.get("namespace"), meta.get("name"))
                 return False
             log.warning("status of %s/%s not written: %s", meta.get("namespace"), meta.get("name"), error)
+            self._retry = True
             return True
+        self._retry = False
         self.memory.written = document
         for event in status_events(previous, InferencePoolStatus.model_validate(document)):
             post_event(self.body, event.type, event.reason, event.message)
