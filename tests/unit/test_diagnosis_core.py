@@ -12,6 +12,7 @@ import pytest
 from inferencepool.autoscaler.histogram import Histogram
 from inferencepool.diagnosis.core import (
     Diagnosis,
+    WhatIfRow,
     diagnose,
     threshold_for_share,
     token_share_above,
@@ -378,16 +379,38 @@ def test_short_prompt_traffic_is_better_served_colocated() -> None:
     assert "prompts are short" in colocate.text and "no request uses the prefill pool" in colocate.text
 
 
+def row(scenario: str, goodput: float, threshold: int | None = None) -> WhatIfRow:
+    return WhatIfRow(scenario, "LengthAware", 2, 2, threshold, goodput, 90.0, None, None, 0.0)
+
+
 def test_the_what_if_withdraws_advice_it_contradicts() -> None:
     result = diagnose(short_prompts(), PD)
-    kept = with_what_if(result, {"colocated": 9.0, "current": 6.0})
+    kept = with_what_if(result, [row("colocated", 9.0), row("current", 6.0)], PD)
     assert kept.advice_of("Colocate") is not None
-    withdrawn = with_what_if(result, {"colocated": 5.0, "current": 6.0})
+    withdrawn = with_what_if(result, [row("colocated", 5.0), row("current", 6.0)], PD)
     assert withdrawn.advice_of("Colocate") is None
     assert any("colocation withdrawn" in note for note in withdrawn.notes)
+
+
+def test_the_what_if_picks_the_best_threshold_candidate_or_none() -> None:
     prefill = diagnose(prefill_bound(), PD)
-    no_threshold = with_what_if(prefill, {"current": 3.0, "recommended": 2.0})
-    assert no_threshold.advice_of("Threshold") is None and no_threshold.recommended_threshold is None
+    advice = prefill.advice_of("Threshold")
+    assert advice is not None and len(advice.candidates) >= 2
+    assert advice.candidates == tuple(sorted(advice.candidates))  # steps towards the formula's threshold
+    first = advice.candidates[0]
+    assert advice.threshold_tokens == advice.candidates[-1]
+    tried = [row("threshold", 3.5 if c == first else 3.1, c) for c in advice.candidates]
+    best = with_what_if(prefill, [row("colocated", 2.0), row("current", 3.0), *tried], PD)
+    chosen = best.advice_of("Threshold")
+    assert best.recommended_threshold == first and chosen is not None and chosen.threshold_tokens == first
+    assert f"-> {first}" in chosen.text and "the what-if's best: 3.50 vs 3.00" in chosen.text
+    no_gain = [row("threshold", 2.9, c) for c in advice.candidates]
+    withdrawn = with_what_if(prefill, [row("current", 3.0), *no_gain], PD)
+    assert withdrawn.advice_of("Threshold") is None and withdrawn.recommended_threshold is None
+    assert any("threshold change withdrawn" in note for note in withdrawn.notes)
+    # Colocated far ahead of every P/D layout: the replay itself says disaggregation does not pay.
+    colocate = with_what_if(prefill, [row("colocated", 5.0), row("current", 3.0), *tried], PD)
+    assert colocate.advice_of("Colocate") is not None
 
 
 def test_too_few_requests_say_nothing() -> None:

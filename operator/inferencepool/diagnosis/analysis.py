@@ -10,7 +10,6 @@ from inferencepool.diagnosis.settings import PoolSettings
 from inferencepool.diagnosis.whatif import (
     DEFAULT_MAX_REQUESTS,
     DEFAULT_SECONDS,
-    goodput_by_scenario,
     what_if,
 )
 from inferencepool.diagnosis.window import PoolWindow, Snapshot, window
@@ -41,4 +40,4 @@ def analyse(
     if profile is None or not diagnosis.enough_data:
         return Analysis(measured, diagnosis, None)
     table = what_if(diagnosis, settings, profile, seconds=what_if_seconds, max_requests=what_if_max_requests)
-    return Analysis(measured, with_what_if(diagnosis, goodput_by_scenario(table)), table)
+    return Analysis(measured, with_what_if(diagnosis, table, settings), table)

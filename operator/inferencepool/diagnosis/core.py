@@ -22,6 +22,7 @@ each request's mean gap (TPOT, as DistServe does), a different definition: compa
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
@@ -44,6 +45,8 @@ LOW_CONCURRENCY: Final = 2.0  # requests in flight per decode engine
 REPETITIVE_HIT_RATE: Final = 0.3  # share of prompt tokens found in a prefix cache
 TAIL_FACTOR: Final = 2.0  # p99 this many times the target while p50 meets it: a tail, not capacity
 SMALL_TOKEN_BUDGET: Final = 2048  # vLLM's budget on smaller GPUs; a chunk this size stalls decodes briefly
+COLOCATION_MARGIN: Final = 1.1  # the what-if must predict 10% more goodput colocated to advise it unasked
+MAX_STEP: Final = 0.5  # one recommendation at most halves the prefill pool's share of prompt tokens
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,9 @@ class Advice:
     text: str
     threshold_tokens: int | None = None
     replicas: int | None = None  # the replica count advised (AddPrefillReplicas, AddDecodeReplicas)
+    # Threshold: the steps towards threshold_tokens (a third, two thirds, all of the move in prompt-token
+    # share); the what-if replays each and keeps the best.
+    candidates: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -478,23 +484,35 @@ def _advise_threshold(case: _Case, towards: Literal["decode", "prefill"], share_
     wanted = min(1.0, max(0.0, current * share_factor))
     if towards == "prefill" and current <= 0:
         wanted = min(1.0, 1.0 - share_factor) if share_factor < 1 else 0.5
-    threshold = threshold_for_share(t.prompt, wanted, s.threshold_bounds)
+    steps = []
+    for fraction in (1 / 3, 2 / 3, 1.0):
+        step = threshold_for_share(t.prompt, current + (wanted - current) * fraction, s.threshold_bounds)
+        if step != s.threshold_tokens and step not in steps:
+            steps.append(step)
+    threshold = steps[-1] if steps else s.threshold_tokens
     moved = threshold > s.threshold_tokens if towards == "decode" else threshold < s.threshold_tokens
     if not moved:
         return
-    new_share = token_share_above(t.prompt, threshold)
     case.threshold = threshold
-    bound = " (adaptive bounds)" if s.adaptive_threshold else ""
     pool = "decode" if towards == "decode" else "prefill"
     case.advice.append(
         Advice(
             "Threshold",
-            f"change router.prefillThresholdTokens {s.threshold_tokens} -> {threshold}{bound}: "
-            f"the prefill pool's share of prompt tokens goes {100 * current:.0f}% -> "
-            f"{100 * new_share:.0f}% (measured prompt lengths), moving prefill work to the {pool} pool, "
-            "which has headroom",
+            threshold_text(s, t.prompt, threshold, pool),
             threshold_tokens=threshold,
+            candidates=tuple(steps),
         )
+    )
+
+
+def threshold_text(settings: PoolSettings, prompt: Histogram, threshold: int, pool: str) -> str:
+    current = token_share_above(prompt, settings.threshold_tokens)
+    new_share = token_share_above(prompt, threshold)
+    bound = " (adaptive bounds)" if settings.adaptive_threshold else ""
+    return (
+        f"change router.prefillThresholdTokens {settings.threshold_tokens} -> {threshold}{bound}: "
+        f"the prefill pool's share of prompt tokens goes {100 * current:.0f}% -> {100 * new_share:.0f}% "
+        f"(measured prompt lengths), moving prefill work to the {pool} pool, which has headroom"
     )
 
 
@@ -677,7 +695,7 @@ def _advise_prefill(case: _Case) -> None:
     if s.disaggregated and decode_free and decode_load is not None:
         # Aim the prefill pool under its target, but move no more than the decode pool's headroom allows:
         # at half its target it may take up to ~40% of the prefill pool's share, at 70% only ~10%.
-        _advise_threshold(case, "decode", max(AIM / max(pool_load, 1e-9), decode_load / AIM))
+        _advise_threshold(case, "decode", max(AIM / max(pool_load, 1e-9), decode_load / AIM, MAX_STEP))
     role = "prefill" if s.disaggregated else "decode"
     current = s.prefill_replicas if s.disaggregated else s.decode_replicas
     wanted = _replicas_for(current, case.ttft_load or 1.0, s.max_replicas.get(role))
@@ -813,22 +831,42 @@ _ADVISERS = {
 }
 
 
-def with_what_if(diagnosis: Diagnosis, goodput: dict[str, float]) -> Diagnosis:
-    """The diagnosis checked against the what-if's predicted goodput (requests/s meeting both targets, by
-    scenario: "colocated", "current", "recommended"): advice the replay contradicts is withdrawn, with a
-    note."""
+def with_what_if(diagnosis: Diagnosis, table: Sequence[WhatIfRow], settings: PoolSettings) -> Diagnosis:
+    """The diagnosis checked against the what-if (diagnosis/whatif.py): of the threshold candidates, the one
+    with the best predicted goodput is recommended if it beats the current threshold, else the threshold
+    advice is withdrawn; colocation advice the replay contradicts is withdrawn too. Each with a note."""
     notes = list(diagnosis.notes)
     advice = list(diagnosis.advice)
+    goodput = {row.scenario: row.goodput_rps for row in table}
     current = goodput.get("current")
-    recommended = goodput.get("recommended")
     colocated = goodput.get("colocated")
+    recommended = diagnosis.recommended_threshold
     threshold = diagnosis.advice_of("Threshold")
-    if threshold is not None and current is not None and recommended is not None and recommended < current:
-        advice.remove(threshold)
-        notes.append(
-            f"threshold {threshold.threshold_tokens} withdrawn: the what-if predicts {recommended:.2f} good "
-            f"requests/s with it vs {current:.2f} with the current one"
-        )
+    tried = [row for row in table if row.scenario == "threshold"]
+    if threshold is not None and current is not None and tried:
+        best = max(tried, key=lambda row: row.goodput_rps)
+        searched = ", ".join(f"{row.threshold_tokens}: {row.goodput_rps:.2f}" for row in tried)
+        if best.goodput_rps <= current:
+            advice.remove(threshold)
+            recommended = None
+            notes.append(
+                f"threshold change withdrawn: the what-if predicts no gain over {current:.2f} good "
+                f"requests/s at {settings.threshold_tokens} (tried {searched})"
+            )
+        else:
+            recommended = best.threshold_tokens
+            text = threshold.text
+            prompt = diagnosis.traffic.prompt
+            if recommended is not None and recommended != threshold.threshold_tokens and prompt is not None:
+                pool = "decode" if recommended > settings.threshold_tokens else "prefill"
+                text = threshold_text(settings, prompt, recommended, pool)
+            chosen = replace(
+                threshold,
+                threshold_tokens=recommended,
+                text=f"{text} (the what-if's best: {best.goodput_rps:.2f} vs {current:.2f} good requests/s)",
+            )
+            advice[advice.index(threshold)] = chosen
+            notes.append(f"thresholds replayed (good requests/s): {searched}")
     colocate = diagnosis.advice_of("Colocate")
     if colocate is not None and colocated is not None and current is not None and colocated < current:
         advice.remove(colocate)
@@ -836,12 +874,32 @@ def with_what_if(diagnosis: Diagnosis, goodput: dict[str, float]) -> Diagnosis:
             f"colocation withdrawn: the what-if predicts {colocated:.2f} good requests/s colocated vs "
             f"{current:.2f} as deployed"
         )
+    layouts = [row.goodput_rps for row in table if row.scenario in ("current", "threshold")]
+    if (
+        settings.disaggregated
+        and colocate is None
+        and colocated is not None
+        and layouts
+        and colocated > COLOCATION_MARGIN * max(layouts)
+    ):
+        advice.append(
+            Advice(
+                "Colocate",
+                f"serve the pool Colocated (router.policy: Colocated, prefill replicas moved to decode): the "
+                f"what-if predicts {colocated:.2f} good requests/s colocated vs at best {max(layouts):.2f} "
+                "disaggregated for this traffic",
+                replicas=settings.prefill_replicas + settings.decode_replicas,
+            )
+        )
+    disaggregate = diagnosis.advice_of("Disaggregate")
+    split = goodput.get("disaggregated")
+    if disaggregate is not None and split is not None and colocated is not None and split <= colocated:
+        advice.remove(disaggregate)
+        recommended = None
+        notes.append(
+            f"disaggregation withdrawn: the what-if predicts {split:.2f} good requests/s disaggregated vs "
+            f"{colocated:.2f} colocated"
+        )
     if not advice:
         advice.append(Advice("NoChange", "no change that the what-if confirms"))
-    withdrawn = threshold is not None and threshold not in advice
-    return replace(
-        diagnosis,
-        advice=tuple(advice),
-        notes=tuple(notes),
-        recommended_threshold=None if withdrawn else diagnosis.recommended_threshold,
-    )
+    return replace(diagnosis, advice=tuple(advice), notes=tuple(notes), recommended_threshold=recommended)

@@ -83,9 +83,9 @@ def _latency_rows(latencies: Sequence[Latency], percentile: int) -> list[str]:
     return lines
 
 
-def what_if_table(rows: Sequence[WhatIfRow]) -> list[str]:
+def what_if_table(rows: Sequence[WhatIfRow], recommended: int | None = None) -> list[str]:
     lines = [
-        f"  {'scenario':12} {'policy':19} {'P+D':>5} {'threshold':>9} {'goodput r/s':>11} {'SLO %':>6} "
+        f"  {'scenario':13} {'policy':19} {'P+D':>5} {'threshold':>9} {'goodput r/s':>11} {'SLO %':>6} "
         f"{'TTFT p90':>8} {'ITL p90':>8} {'disagg %':>8}"
     ]
     base = next((r.goodput_rps for r in rows if r.scenario == "current"), None)
@@ -93,8 +93,10 @@ def what_if_table(rows: Sequence[WhatIfRow]) -> list[str]:
         engines = f"{row.prefill_replicas}+{row.decode_replicas}"
         threshold = str(row.threshold_tokens) if row.threshold_tokens is not None else "-"
         ratio = f" ({row.goodput_rps / base:.2f}x)" if base and row.scenario != "current" else ""
+        if row.scenario == "threshold" and row.threshold_tokens == recommended:
+            ratio += "  <- recommended"
         lines.append(
-            f"  {row.scenario:12} {row.policy:19} {engines:>5} {threshold:>9} {row.goodput_rps:>11.2f} "
+            f"  {row.scenario:13} {row.policy:19} {engines:>5} {threshold:>9} {row.goodput_rps:>11.2f} "
             f"{row.slo_attainment_percent:>6.1f} {_ms(row.ttft_p90_ms and row.ttft_p90_ms / 1000):>8} "
             f"{_ms(row.itl_p90_ms and row.itl_p90_ms / 1000):>8} {row.disaggregated_percent:>8.0f}{ratio}"
         )
@@ -142,7 +144,7 @@ def render(
     if what_if is not None:
         lines += ["", f"what-if: this window's traffic replayed in the simulator {what_if_note}".rstrip()]
         if what_if:
-            lines += what_if_table(what_if)
+            lines += what_if_table(what_if, diagnosis.recommended_threshold)
             lines += _item(
                 "  ",
                 "goodput: requests/s meeting both targets (TTFT, and each request's mean ITL: TPOT); the "

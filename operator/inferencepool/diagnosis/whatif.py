@@ -1,5 +1,6 @@
 """What-if on the pool's own traffic: its sketch replayed through the simulator (the same code as
-`inferencepool sim`) as colocated, as deployed, and with the recommended threshold, on the pool's engines.
+`inferencepool sim`) as colocated, as deployed, and with each candidate threshold (or, for a colocated pool,
+disaggregated as advised), on the pool's engines.
 
 The sketch comes from what the router and the engines export today: the arrival rate (router requests), the
 prompt-length histogram (router), the mean output length (decode engines' generation tokens per request) and
@@ -14,10 +15,10 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from inferencepool.api.v1alpha1 import RoutingPolicy
 from inferencepool.autoscaler.histogram import Histogram
 from inferencepool.diagnosis.core import Diagnosis, WhatIfRow
 from inferencepool.diagnosis.settings import PoolSettings
@@ -95,39 +96,40 @@ def synthetic_trace(
 
 
 def scenarios(settings: PoolSettings, diagnosis: Diagnosis) -> list[tuple[str, Scenario]]:
-    """Colocated on every engine; as deployed; with the recommended threshold (or the advised
-    disaggregation), on the same engines."""
+    """Colocated on every engine; as deployed; each threshold candidate (or the advised disaggregation), on
+    the same engines."""
     engines = (
         settings.prefill_replicas + settings.decode_replicas
         if settings.disaggregated
-        else (settings.decode_replicas)
+        else settings.decode_replicas
     )
     rows: list[tuple[str, Scenario]] = [("colocated", Scenario("colocated", "Colocated", 0, engines))]
     if engines < 2:
         return rows
     if settings.disaggregated:
-        policy = "AlwaysDisaggregate" if settings.policy == "AlwaysDisaggregate" else "LengthAware"
         prefill = settings.prefill_replicas
-        rows.append(
-            (
-                "current",
-                Scenario("current", policy, prefill, engines - prefill, settings.threshold_tokens),  # type: ignore[arg-type]
-            )
+        policy: RoutingPolicy = (
+            "AlwaysDisaggregate" if settings.policy == "AlwaysDisaggregate" else "LengthAware"
         )
-    else:
-        prefill = 0
-    advice = diagnosis.advice_of("Threshold") or diagnosis.advice_of("Disaggregate")
-    if advice is not None and advice.threshold_tokens is not None:
-        if advice.kind == "Disaggregate":
-            prefill = min(engines - 1, max(1, advice.replicas or 1))
-        elif prefill == 0:
-            return rows
         rows.append(
-            (
-                "recommended",
-                Scenario("recommended", "LengthAware", prefill, engines - prefill, advice.threshold_tokens),
-            )
+            ("current", Scenario("current", policy, prefill, engines - prefill, settings.threshold_tokens))
         )
+        threshold = diagnosis.advice_of("Threshold")
+        for candidate in threshold.candidates if threshold is not None else ():
+            rows.append(
+                (
+                    "threshold",
+                    Scenario(f"threshold {candidate}", "LengthAware", prefill, engines - prefill, candidate),
+                )
+            )
+        return rows
+    disaggregate = diagnosis.advice_of("Disaggregate")
+    if disaggregate is not None and disaggregate.threshold_tokens is not None:
+        prefill = min(engines - 1, max(1, disaggregate.replicas or 1))
+        scenario = Scenario(
+            "disaggregated", "LengthAware", prefill, engines - prefill, disaggregate.threshold_tokens
+        )
+        rows.append(("disaggregated", scenario))
     return rows
 
 
@@ -165,7 +167,3 @@ def what_if(
             )
         )
     return table
-
-
-def goodput_by_scenario(table: Sequence[WhatIfRow]) -> dict[str, float]:
-    return {row.scenario: row.goodput_rps for row in table}
