@@ -164,9 +164,7 @@ def _resolve_unpacked(value: ast.expr, resolve: dict[str, FlagKind]) -> FlagKind
 def _literal_flags(tree: ast.AST, resolve: dict[str, FlagKind] | None = None) -> dict[str, FlagKind]:
     flags: dict[str, FlagKind] = {}
     for call in _add_argument_calls(tree):
-        options = [
-            a.value for a in call.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")
-        ]
+        options = [a.value for a in call.args if isinstance(a, ast.Constant) and str(a.value).startswith("-")]
         if not options:
             continue
         kind = _explicit_kind(call)
@@ -180,7 +178,7 @@ def _literal_flags(tree: ast.AST, resolve: dict[str, FlagKind] | None = None) ->
 
 
 def serve_flags(wheel: Wheel) -> dict[str, FlagKind]:
-    """Every long option of `vllm serve`, `--no-x` spelled out for boolean ones."""
+    """Every option of `vllm serve` (short aliases too), `--no-x` spelled out for boolean ones."""
     classes = wheel.classes(("vllm/config/", CLI_ARGS))
     flags: dict[str, FlagKind] = {}
 
@@ -208,7 +206,7 @@ def serve_flags(wheel: Wheel) -> dict[str, FlagKind]:
                     resolve[f"{variable}['{name}']"] = classify(annotation)
             flags |= _literal_flags(node, resolve)
     for option, kind in list(flags.items()):
-        if kind == "bool":
+        if kind == "bool" and option.startswith("--"):
             flags[f"--no-{option[2:]}"] = "bool"
     return dict(sorted(flags.items()))
 
