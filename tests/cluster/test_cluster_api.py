@@ -87,6 +87,11 @@ def _pd_unknown_model_size(spec: dict[str, Any]) -> None:
     spec["model"]["name"] = "example/unknown-model"
 
 
+def _pd_small_buffer(spec: dict[str, Any]) -> None:
+    spec["kvTransfer"] = {"connector": "LMCachePD"}
+    spec["kvCache"] = {"chunkSize": 256, "pdBufferGiB": 3}  # a 32768-token prompt of Llama-3.1-8B is 4 GiB
+
+
 @pytest.mark.parametrize(
     ("name", "mutate", "message"),
     [
@@ -108,6 +113,7 @@ def _pd_unknown_model_size(spec: dict[str, Any]) -> None:
         ),
         ("pd-tp", _pd_unequal_tp, "must be equal with the LMCachePD connector"),
         ("pd-buffer", _pd_unknown_model_size, "spec.kvCache.pdBufferGiB must be set"),
+        ("pd-small-buffer", _pd_small_buffer, "spec.kvCache.pdBufferGiB must hold one prompt"),
         (
             "pd-two-routers",
             _pd_with_two_routers,

@@ -346,8 +346,11 @@ def test_lmcache_pd_buffer_holds_full_length_prompts_of_the_model(tp: int) -> No
         assert document["pd_buffer_size"] * tp == 8 * 1024**3
         assert document["pd_max_prefill_len"] == 32768
         assert document["pd_allocation_timeout_sec"] < 30  # before the router stops waiting
-    explicit = pd_pool({"chunkSize": 256, "pdBufferGiB": 3})
-    assert lmcache_file(explicit, "decode")["pd_buffer_size"] == 3 * 1024**3
+    explicit = pd_pool({"chunkSize": 256, "pdBufferGiB": 5})
+    assert lmcache_file(explicit, "decode")["pd_buffer_size"] == 5 * 1024**3
+    # a 32768-token prompt of Llama-3.1-8B is 4 GiB: a smaller buffer is refused before LMCache would
+    with pytest.raises(ValueError, match=r"spec\.kvCache\.pdBufferGiB must hold one prompt"):
+        pd_pool({"chunkSize": 256, "pdBufferGiB": 3})
 
 
 def test_lmcache_pd_engines_run_without_prefix_caching() -> None:

@@ -937,17 +937,57 @@ def _kv_rules() -> list[SpecRule]:
         ),
         *_lmcache_backend_rules(p2p_on),
         *_transfer_tp_rules(pd_mode),
+        *_pd_buffer_rules(pd_mode),
+    ]
+
+
+def _pd_buffer_rules(pd_mode: str) -> list[SpecRule]:
+    """LMCache PD's buffer must be sizable, and hold a prompt of maxModelLen tokens: LMCache refuses to
+    start when it cannot (pd_backend_async.py initialize_allocator, with the builder's pd_max_prefill_len)."""
+    names = json.dumps(sorted(KNOWN_MODELS))
+    kv_bytes = json.dumps({name: shape.kv_bytes_per_token for name, shape in sorted(KNOWN_MODELS.items())})
+    own_len = json.dumps({name: shape.max_model_len for name, shape in sorted(KNOWN_MODELS.items())})
+    has_buffer = "has(self.kvCache) && has(self.kvCache.pdBufferGiB)"
+    max_len = (
+        "(has(self.engine) && has(self.engine.maxModelLen) ? self.engine.maxModelLen : "
+        f"{own_len}[self.model.name])"
+    )
+    chunk = "(has(self.kvCache.chunkSize) ? self.kvCache.chunkSize : 256)"
+    needed = f"(({max_len} + {chunk} - 1) / {chunk}) * {chunk} * {kv_bytes}[self.model.name]"
+
+    def buffer_known(spec: InferencePoolSpec) -> bool:
+        return spec.kv_transfer.connector != "LMCachePD" or spec.pd_buffer_bytes() is not None
+
+    def buffer_holds_a_prompt(spec: InferencePoolSpec) -> bool:
+        kv_cache, shape, max_len = spec.kv_cache, model_shape(spec.model.name), spec.max_model_len()
+        if spec.kv_transfer.connector != "LMCachePD" or kv_cache is None or kv_cache.pd_buffer_gib is None:
+            return True
+        if shape is None or max_len is None:
+            return True  # LMCache checks it at start (pd_max_prefill_len)
+        chunk = kv_cache.chunk_size
+        return kv_cache.pd_buffer_gib * GIB >= -(-max_len // chunk) * chunk * shape.kv_bytes_per_token
+
+    return [
         SpecRule(
             field="kvCache.pdBufferGiB",
-            cel=(
-                f"!({pd_mode}) || (has(self.kvCache) && has(self.kvCache.pdBufferGiB)) || "
-                f"self.model.name in {json.dumps(sorted(KNOWN_MODELS))}"
-            ),
+            cel=f"!({pd_mode}) || ({has_buffer}) || self.model.name in {names}",
             message=(
                 "spec.kvCache.pdBufferGiB must be set when spec.kvTransfer.connector is LMCachePD and the "
                 "operator does not know the KV size of spec.model.name"
             ),
-            holds=lambda s: s.kv_transfer.connector != "LMCachePD" or s.pd_buffer_bytes() is not None,
+            holds=buffer_known,
+        ),
+        SpecRule(
+            field="kvCache.pdBufferGiB",
+            cel=(
+                f"!({pd_mode}) || !({has_buffer}) || !(self.model.name in {names}) || "
+                f"self.kvCache.pdBufferGiB * {GIB} >= {needed}"
+            ),
+            message=(
+                "spec.kvCache.pdBufferGiB must hold one prompt of spec.engine.maxModelLen tokens (the "
+                "model's own context length when unset) of spec.model.name's KV cache"
+            ),
+            holds=buffer_holds_a_prompt,
         ),
     ]
 
