@@ -7,10 +7,11 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
-from inferencepool.router import handshake
+from inferencepool.router import handshake, resume
 from inferencepool.router.config import LMCachePDConfig
 from inferencepool.router.pods import Pod, in_flight
 from inferencepool.router.prompt import read_prompt
@@ -158,3 +159,36 @@ def test_an_error_event_is_told_from_a_token() -> None:
     assert is_error_event(b'data:{"error":{}}\n\ndata: [DONE]\n\n')
     assert not is_error_event(b'data: {"id":"cmpl-1","choices":[{"text":"error"}]}\n\n')
     assert not is_error_event(b": keep-alive\n\n")
+
+
+def test_a_broken_stream_is_continued_from_the_text_already_sent() -> None:
+    completion_events = (
+        b'data: {"id":"c","choices":[{"index":0,"text":"The pool","finish_reason":null}]}\n\n'
+        b'data: {"id":"c","choices":[{"index":0,"text":" keeps","finish_reason":null}]}\n\n'
+    )
+    done = resume.progress(completion_events, "completions")
+    assert done == resume.Progress("The pool keeps", 2, False)
+    body = {"model": "m", "prompt": "Say: ", "max_tokens": 10, "stream": True, "temperature": 0}
+    continued = orjson.loads(resume.continuation(body, "completions", done) or b"null")
+    assert continued == {**body, "prompt": "Say: The pool keeps", "max_tokens": 8}
+
+    chat_events = (
+        b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+        b'data: {"choices":[{"index":0,"delta":{"content":"Hello"}}]}\n\n'
+    )
+    said = resume.progress(chat_events, "chat")
+    assert said == resume.Progress("Hello", 1, False)
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5}
+    continued = orjson.loads(resume.continuation(chat, "chat", said) or b"null")
+    assert continued["messages"][-1] == {"role": "assistant", "content": "Hello"}
+    assert continued["continue_final_message"] is True and continued["add_generation_prompt"] is False
+    assert continued["max_completion_tokens"] == 4
+
+    finished = completion_events + b'data: {"choices":[{"index":0,"text":"","finish_reason":"length"}]}\n\n'
+    assert resume.progress(finished, "completions") == resume.Progress("The pool keeps", 2, True)
+    # What text alone cannot continue is not resumed.
+    assert resume.continuation({**body, "max_tokens": 2}, "completions", done) is None  # nothing left
+    assert resume.continuation({**body, "prompt": [1, 2, 3]}, "completions", done) is None
+    assert resume.continuation({**body, "logprobs": 2}, "completions", done) is None
+    assert resume.continuation({**body, "n": 2}, "completions", done) is None
+    assert resume.progress(b'data: {"error": {"message": "x"}}\n\n', "completions") is None

@@ -203,6 +203,10 @@ class RouterConfig(_Model):
     max_attempts: Annotated[
         int, Field(ge=1, le=10, description="pods tried per leg when a connection fails before any byte")
     ] = 3
+    resume_streams: Annotated[
+        bool,
+        Field(description="continue a stream on another decode pod when its engine dies mid-answer"),
+    ] = True
 
     @model_validator(mode="after")
     def _has_backends(self) -> Self:

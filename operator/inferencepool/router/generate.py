@@ -3,9 +3,12 @@ transfer mode's prefill leg when disaggregated, then the decode leg and its rela
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -14,12 +17,12 @@ from inferencepool.router.calibration import Calibrator
 from inferencepool.router.config import RouterConfig
 from inferencepool.router.errors import UpstreamError
 from inferencepool.router.http1 import Reply, Request
-from inferencepool.router.legs import Legs
+from inferencepool.router.legs import Leg, Legs
 from inferencepool.router.metrics import RouterMetrics
 from inferencepool.router.pods import Pod
 from inferencepool.router.policy import Route, choose_route
 from inferencepool.router.prompt import BadRequest, Endpoint, read_prompt
-from inferencepool.router.relay import NothingSent, Relay
+from inferencepool.router.relay import NothingSent, Relay, Resumable
 from inferencepool.router.tokens import TokenCounter
 from inferencepool.router.transfer import ClientRequest, Transfer
 
@@ -88,40 +91,34 @@ class Orchestrator:
                 decode_affinity = None
             if handoff is not None:
                 decode_pod = handoff.pod
+        job = _Job(request, reply, prompt.stream, headers, started, None)
+        if prompt.stream and self.config.resume_streams:
+            job.resumable = self._resumable(request.path, endpoint, body, headers)
         if route is Route.DISAGGREGATED:
             try:
-                await self._decode(
-                    request, reply, route, prompt.stream, decode_payload, headers, None, decode_pod, started
-                )
+                await self._decode(job, route, decode_payload, None, decode_pod)
                 return
             except NothingSent as failure:
                 # Nothing reached the client (the KV source died, the transfer failed): serve it whole.
                 log.warning("decode leg after a KV transfer failed, serving colocated: %s", failure)
                 self.metrics.fallbacks.labels("decode_leg_failed").inc()
                 route, decode_payload, decode_affinity, decode_pod = Route.FALLBACK, raw, affinity, None
-        await self._decode(
-            request,
-            reply,
-            route,
-            prompt.stream,
-            decode_payload,
-            headers,
-            decode_affinity,
-            decode_pod,
-            started,
-        )
+        await self._decode(job, route, decode_payload, decode_affinity, decode_pod)
+
+    def _resumable(
+        self, path: str, endpoint: Endpoint, body: dict[str, Any], headers: list[tuple[str, str]]
+    ) -> Resumable:
+        """How a stream of this request is continued on another decode pod (from the client's own body, not
+        the disaggregated leg's: the continuation is prefilled where it lands)."""
+        timeout = self.config.timeouts.first_byte_seconds
+
+        def open_leg(payload: bytes, avoid: frozenset[str]) -> contextlib.AbstractAsyncContextManager[Leg]:
+            return self.legs.open("decode", path, payload, headers, None, True, timeout, exclude=avoid)
+
+        return Resumable(endpoint, body, open_leg)
 
     async def _decode(
-        self,
-        request: Request,
-        reply: Reply,
-        route: Route,
-        stream: bool,
-        payload: bytes,
-        headers: list[tuple[str, str]],
-        affinity: int | None,
-        pod: Pod | None,
-        started: float,
+        self, job: _Job, route: Route, payload: bytes, affinity: int | None, pod: Pod | None
     ) -> None:
         """The decode leg and its relay, counted under `route`.
 
@@ -136,15 +133,17 @@ class Orchestrator:
         try:
             async with self.legs.open(
                 "decode",
-                request.path,
+                job.request.path,
                 payload,
-                headers,
+                job.headers,
                 affinity,
-                stream,
+                job.stream,
                 self.config.timeouts.first_byte_seconds,
                 pod,
             ) as leg:
-                await self.relay.send(reply, leg, route, stream, started, retriable)
+                await self.relay.send(
+                    job.reply, leg, route, job.stream, job.started, retriable, job.resumable
+                )
         except NothingSent:
             raise
         except UpstreamError as failure:
@@ -159,3 +158,15 @@ class Orchestrator:
             raise
         if retriable:
             self.metrics.requests_by_route[route].inc()
+
+
+@dataclass(slots=True)
+class _Job:
+    """What every decode attempt of one request shares."""
+
+    request: Request
+    reply: Reply
+    stream: bool
+    headers: list[tuple[str, str]]
+    started: float
+    resumable: Resumable | None

@@ -173,6 +173,12 @@ class RouterMetrics:
             "Requests whose client went away before the end",
             registry=registry,
         )
+        self.streams_resumed = Counter(
+            f"{PREFIX}_streams_resumed",
+            "Streams whose decode pod died mid-answer, by outcome (resumed on another pod, or broken)",
+            ["outcome"],
+            registry=registry,
+        )
         self.threshold_changes = Counter(
             f"{PREFIX}_threshold_changes",
             "Adaptive threshold moves, by direction",
@@ -183,5 +189,14 @@ class RouterMetrics:
         self.requests_by_route = {route: self.requests.labels(route.value) for route in Route}
         self.ttft_by_route = {route: self.ttft.labels(route.value) for route in Route}
         self.itl_by_route = {route: self.itl.labels(route.value) for route in Route}
-        for reason in ("no_prefill_pod", "prefill_failed", "kv_push_timeout"):
+        for reason in (
+            "no_prefill_pod",
+            "prefill_failed",
+            "kv_push_timeout",
+            "decode_leg_failed",
+            "tokenize_failed",
+            "lmcache_pd_unsupported",
+        ):
             self.fallbacks.labels(reason)
+        for outcome in ("resumed", "broken"):
+            self.streams_resumed.labels(outcome)

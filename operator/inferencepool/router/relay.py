@@ -4,20 +4,33 @@ router-observed TTFT and inter-token gaps measured on the way (one write per ups
 A relay that may still be retried (`retriable`: the decode leg of a disaggregated request, which fails
 when its KV transfer failed) sends nothing to the client until the first event arrives and is not an
 error: a failure before that raises NothingSent, and the caller serves the request colocated instead.
+
+A stream whose engine dies after the client got part of the answer is resumed on another decode pod when
+the caller passes a Resumable (see resume.py): the relay then keeps what it sent and never sends a partial
+event, so the continuation's events follow whole ones and the client sees one answer.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
+from inferencepool.router import resume
 from inferencepool.router.errors import UpstreamError, error_body
-from inferencepool.router.http1 import Reply, UpstreamFailure
+from inferencepool.router.http1 import Headers, Reply, UpstreamFailure
 from inferencepool.router.legs import Leg
 from inferencepool.router.metrics import RouterMetrics
 from inferencepool.router.policy import Route
+from inferencepool.router.prompt import Endpoint
+
+log = logging.getLogger("inferencepool.router")
 
 ROUTE_HEADER = "X-Inferencepool-Route"
+_RESUMES = 2  # decode pods tried after the first one died mid-stream
 
 
 class NothingSent(Exception):
@@ -32,6 +45,19 @@ def is_error_event(data: bytes) -> bool:
     return head[5:].lstrip().startswith(b'{"error"')
 
 
+@dataclass(frozen=True, slots=True)
+class Resumable:
+    """What resuming a stream needs: the client's request and a way to open a decode leg for the
+    continuation (`open(payload, pods to avoid)`)."""
+
+    endpoint: Endpoint
+    body: dict[str, Any]
+    open: Callable[[bytes, frozenset[str]], contextlib.AbstractAsyncContextManager[Leg]]
+
+
+Head = tuple[int, str, Headers]
+
+
 class Relay:
     """`itl_sample`, when given, also receives every inter-token gap (the adaptive threshold's signal)."""
 
@@ -40,7 +66,14 @@ class Relay:
         self.itl_sample = itl_sample
 
     async def send(
-        self, reply: Reply, leg: Leg, route: Route, stream: bool, started: float, retriable: bool = False
+        self,
+        reply: Reply,
+        leg: Leg,
+        route: Route,
+        stream: bool,
+        started: float,
+        retriable: bool = False,
+        resumable: Resumable | None = None,
     ) -> None:
         upstream = leg.response
         pod = leg.pod
@@ -63,13 +96,42 @@ class Relay:
                 ((ROUTE_HEADER, route),),
             )
             return
-        head = (
+        head: Head = (
             200,
             upstream.content_type or "text/event-stream",
             (("Cache-Control", "no-cache"), (ROUTE_HEADER, route)),
         )
         if not retriable:
             reply.start(*head)
+        sent: list[bytes] | None = [] if resumable is not None else None
+        broke = await self._stream(reply, leg, route, started, head, retriable, sent, False)
+        if broke is None:
+            return
+        if resumable is not None and sent is not None and not reply.closed:
+            if await self._resume(reply, leg, route, started, head, resumable, sent):
+                self.metrics.streams_resumed.labels("resumed").inc()
+                return
+            self.metrics.streams_resumed.labels("broken").inc()
+        # Headers are out, so the status cannot change: end the stream with an SSE error event instead.
+        message = f"decode pod {pod.name} failed mid-stream: {broke}"
+        reply.end(b"data: " + error_body(message, "BadGatewayError", 502) + b"\n\n")
+
+    async def _stream(
+        self,
+        reply: Reply,
+        leg: Leg,
+        route: Route,
+        started: float,
+        head: Head,
+        retriable: bool,
+        sent: list[bytes] | None,
+        resumed: bool,
+    ) -> UpstreamFailure | None:
+        """Relay one leg's stream: None once it ended, the failure when it broke after the client got
+        something (NothingSent when `retriable` and nothing was sent). With `sent`, keeps every byte sent and
+        holds a partial event back until it is whole."""
+        upstream = leg.response
+        pod = leg.pod
         reply.on_backpressure(upstream.pause, upstream.resume)
         itl_metric = self.metrics.itl_by_route[route]
         ttft_metric = self.metrics.ttft_by_route[route]
@@ -77,6 +139,7 @@ class Relay:
         pending: list[bytes] = []
         previous = 0.0
         refused: list[bytes] = []
+        held = b""
 
         def on_data(data: bytes) -> None:
             nonlocal previous
@@ -86,12 +149,13 @@ class Relay:
                 itl_metric.observe(gap)
                 if sample is not None:
                     sample(gap)
-            else:
+            elif not resumed:
                 ttft_metric.observe(now - started)
             previous = now
             pending.append(data)
 
         def on_flush() -> None:
+            nonlocal held
             # Everything one read brought goes out in one write; the last one carries the end of the body.
             data = b"".join(pending) if len(pending) != 1 else pending[0]
             pending.clear()
@@ -101,6 +165,13 @@ class Relay:
                     upstream.abort("the decode leg's first event is an error")
                     return
                 reply.start(*head)
+            if sent is not None:
+                if held:
+                    data, held = held + data, b""
+                if not upstream.complete:
+                    whole = data.rfind(b"\n\n") + 2
+                    data, held = data[:whole], data[whole:]
+                sent.append(data)
             if upstream.complete:
                 reply.end(data)
             else:
@@ -118,10 +189,7 @@ class Relay:
                         f"decode pod {pod.name} failed before its first event: {failure}"
                     ) from None
                 reply.start(*head)
-            # Headers are out, so the status cannot change: end the stream with an SSE error event instead.
-            message = f"decode pod {pod.name} failed mid-stream: {failure}"
-            reply.end(b"data: " + error_body(message, "BadGatewayError", 502) + b"\n\n")
-            return
+            return failure
         if refused:  # the whole answer was one error event
             self.metrics.upstream_errors.labels(pod.name, pod.role, "stream").inc()
             raise self._refused(pod.name, refused[0])
@@ -130,6 +198,43 @@ class Relay:
         if not reply.started:
             reply.start(*head)  # an empty stream
         reply.end()
+        return None
+
+    async def _resume(
+        self,
+        reply: Reply,
+        leg: Leg,
+        route: Route,
+        started: float,
+        head: Head,
+        resumable: Resumable,
+        sent: list[bytes],
+    ) -> bool:
+        """Continue the answer on other decode pods; True once the client got the rest of it."""
+        avoid = {leg.pod.name}
+        for _ in range(_RESUMES):
+            done = resume.progress(b"".join(sent), resumable.endpoint)
+            if done is None:
+                return False
+            if done.finished:
+                reply.end(b"data: [DONE]\n\n")  # the engine died between its last event and [DONE]
+                return True
+            payload = resume.continuation(resumable.body, resumable.endpoint, done)
+            if payload is None:
+                return False
+            log.warning("decode pod %s died mid-stream: resuming after %d tokens", leg.pod.name, done.tokens)
+            try:
+                async with resumable.open(payload, frozenset(avoid)) as continued:
+                    if continued.response.status != 200:
+                        return False
+                    failure = await self._stream(reply, continued, route, started, head, False, sent, True)
+                    avoid.add(continued.pod.name)
+            except UpstreamError as error:
+                log.warning("no decode pod could resume the stream: %s", error)
+                return False
+            if failure is None:
+                return True
+        return False
 
     @staticmethod
     def _refused(pod: str, event: bytes) -> NothingSent:
