@@ -431,3 +431,27 @@ def test_token_share_and_threshold_follow_the_prompt_histogram() -> None:
     assert token_share_above(histogram, threshold) <= 0.5 + 1e-9
     assert 8192 < threshold <= 16384 and threshold % 256 == 0
     assert threshold_for_share(histogram, 1.0, (512, 32768)) == 512  # bounds hold
+
+
+def test_a_pool_at_its_autoscaling_ceiling_is_told_to_raise_it() -> None:
+    at_ceiling = diagnose(decode_bound(), replace(PD, max_replicas={"decode": 2}))
+    advice = at_ceiling.advice_of("AddDecodeReplicas")
+    assert advice is not None and "spec.decode.autoscaling.maxReplicas (2)" in advice.text
+    assert advice.replicas is not None and advice.replicas > 2
+    below = diagnose(decode_bound(), replace(PD, max_replicas={"decode": 3}))
+    capped = below.advice_of("AddDecodeReplicas")
+    assert capped is not None and capped.replicas == 3 and "would be needed" in capped.text
+
+
+def test_short_prefills_in_decode_batches_are_not_interference() -> None:
+    """A chat turn of a few tokens costs a decode step nothing: a tail there is capacity, not interference."""
+    n = 300
+    gaps = [0.012] * 9700 + [0.25] * 300
+    lengths = [12.0] * n
+    window = PoolWindow(
+        SECONDS,
+        decode=engines(4, first=spread(0.01, 0.05, n), gaps=gaps, requests=n, prompt_tokens=sum(lengths)),
+        router=router(direct=spread(0.01, 0.05, n), gaps=gaps, lengths=lengths),
+    )
+    assert diagnose(window, COLOCATED).verdict != "Interference"
+    assert diagnose(interference(), COLOCATED).verdict == "Interference"  # the same tail with long prompts

@@ -269,9 +269,9 @@ def run(args: argparse.Namespace) -> int:
                 if document is None:
                     return fail(f"InferencePool {args.namespace}/{args.pool} not found")
                 pool = InferencePool.model_validate(document)
+                every = f", every {args.sample_seconds:g} s" if args.sample_seconds < args.seconds else ""
                 print(
-                    f"reading {args.namespace}/{args.pool} twice, {args.seconds:g} s apart ...",
-                    file=sys.stderr,
+                    f"reading {args.namespace}/{args.pool} for {args.seconds:g} s{every} ...", file=sys.stderr
                 )
                 raws = [_live_snapshot(kube, args.namespace, args.pool)]
                 end = raws[0][0] + args.seconds

@@ -46,6 +46,7 @@ REPETITIVE_HIT_RATE: Final = 0.3  # share of prompt tokens found in a prefix cac
 TAIL_FACTOR: Final = 2.0  # p99 this many times the target while p50 meets it: a tail, not capacity
 SMALL_TOKEN_BUDGET: Final = 2048  # vLLM's budget on smaller GPUs; a chunk this size stalls decodes briefly
 COLOCATION_MARGIN: Final = 1.1  # the what-if must predict 10% more goodput colocated to advise it unasked
+STALLING_PREFILL: Final = 256  # prompt tokens per prefill (one LMCache chunk) from which a decode step stalls
 MAX_STEP: Final = 0.5  # one recommendation at most halves the prefill pool's share of prompt tokens
 
 
@@ -363,10 +364,33 @@ def _case(window: PoolWindow, settings: PoolSettings) -> _Case:
     )
 
 
-def _replicas_for(current: int, load: float, ceiling: int | None) -> int:
-    """The autoscaler's rule: ceil(replicas x observed / target), here aimed under the target."""
+def _advise_replicas(
+    case: _Case,
+    kind: Literal["AddPrefillReplicas", "AddDecodeReplicas"],
+    role: Literal["prefill", "decode"],
+    load: float,
+    why: str,
+    prefix: str = "",
+) -> None:
+    """The autoscaler's rule, ceil(replicas x observed / target) aimed under the target, within the role's
+    autoscaling ceiling; a role already at its ceiling is told to raise it."""
+    s = case.settings
+    current = s.prefill_replicas if role == "prefill" else s.decode_replicas
+    what = f"{role} replicas" if s.disaggregated else "replicas"
     wanted = max(current + 1, math.ceil(current * load / AIM))
-    return min(wanted, ceiling) if ceiling is not None else wanted
+    ceiling = s.max_replicas.get(role)
+    if ceiling is not None and current >= ceiling:
+        text = (
+            f"{prefix}{what} are at spec.{role}.autoscaling.maxReplicas ({ceiling}) and miss the target: "
+            f"raise it to {wanted} ({why})"
+        )
+    elif ceiling is not None and wanted > ceiling:
+        text = f"{prefix}{what} {current} -> {ceiling} (autoscaling.maxReplicas; {wanted} would be needed: "
+        text += f"{why})"
+        wanted = ceiling
+    else:
+        text = f"{prefix}{what} {current} -> {wanted} ({why})"
+    case.advice.append(Advice(kind, text, replicas=wanted))
 
 
 def _evidence_common(case: _Case) -> None:
@@ -564,8 +588,24 @@ def _interference(case: _Case) -> bool:
     if itl is None or itl.p50 is None or itl.p99 is None:
         return False
     share = case.traffic.decode_prefill_share
-    prefilling = share is not None and share > 0.05
+    per_prompt = _decode_prefill_per_request(case)
+    # Prefills that stall a decode step are long ones: a few tokens of a chat turn cost nothing.
+    prefilling = (
+        share is not None and share > 0.05 and per_prompt is not None and per_prompt >= STALLING_PREFILL
+    )
     return prefilling and itl.p50 <= 0.75 * case.itl_target and itl.p99 > TAIL_FACTOR * case.itl_target
+
+
+def _decode_prefill_per_request(case: _Case) -> float | None:
+    """Prompt tokens the decode engines computed per request they prefilled themselves."""
+    decode, router = case.window.decode, case.window.router
+    if decode is None:
+        return None
+    if router is not None and router.total_requests > 0 and case.settings.disaggregated:
+        prefilled = router.requests.get("direct", 0.0) + router.requests.get("fallback", 0.0)
+    else:
+        prefilled = decode.requests
+    return decode.computed_prompt_tokens / prefilled if prefilled > 0 else None
 
 
 def _kv_transfer(case: _Case) -> bool:
@@ -696,21 +736,15 @@ def _advise_prefill(case: _Case) -> None:
         # Aim the prefill pool under its target, but move no more than the decode pool's headroom allows:
         # at half its target it may take up to ~40% of the prefill pool's share, at 70% only ~10%.
         _advise_threshold(case, "decode", max(AIM / max(pool_load, 1e-9), decode_load / AIM, MAX_STEP))
-    role = "prefill" if s.disaggregated else "decode"
-    current = s.prefill_replicas if s.disaggregated else s.decode_replicas
-    wanted = _replicas_for(current, case.ttft_load or 1.0, s.max_replicas.get(role))
-    if wanted > current:
-        what = "prefill replicas" if s.disaggregated else "replicas (colocated engines do the prefills)"
-        first = "after reuse, if TTFT still misses: " if reuse else ""
-        case.advice.append(
-            Advice(
-                "AddPrefillReplicas",
-                f"{first}{what} {current} -> {wanted} (TTFT at p{s.percentile} is "
-                f"{case.ttft_load or 0:.1f}x the target; a queue inflates TTFT faster than load grows, so "
-                "this is an upper bound)",
-                replicas=wanted,
-            )
-        )
+    _advise_replicas(
+        case,
+        "AddPrefillReplicas",
+        "prefill" if s.disaggregated else "decode",
+        case.ttft_load or 1.0,
+        f"TTFT at p{s.percentile} is {case.ttft_load or 0:.1f}x the target; a queue inflates TTFT faster "
+        "than load grows, so this is an upper bound",
+        "after reuse, if TTFT still misses: " if reuse else "",
+    )
 
 
 def _advise_decode(case: _Case) -> None:
@@ -731,15 +765,13 @@ def _advise_decode(case: _Case) -> None:
         cap = current * AIM / max(prefill_load or 1e-9, 1e-9) if current > 0 else 1.0
         wanted = min(target, cap)
         _advise_threshold(case, "prefill", wanted / current if current > 0 else 1 - wanted)
-    wanted_replicas = _replicas_for(s.decode_replicas, case.itl_load or 1.0, s.max_replicas.get("decode"))
-    case.advice.append(
-        Advice(
-            "AddDecodeReplicas",
-            f"decode replicas {s.decode_replicas} -> {wanted_replicas} (ITL at p{s.percentile} is "
-            f"{case.itl_load or 0:.1f}x the target: decode steps are bound by memory bandwidth and KV "
-            "capacity)",
-            replicas=wanted_replicas,
-        )
+    _advise_replicas(
+        case,
+        "AddDecodeReplicas",
+        "decode",
+        case.itl_load or 1.0,
+        f"ITL at p{s.percentile} is {case.itl_load or 0:.1f}x the target: decode steps are bound by memory "
+        "bandwidth and KV capacity",
     )
 
 
