@@ -17,7 +17,8 @@ from tests.http.router_harness import MODEL, config_for, running_router
 from tests.support.engines import running_engine
 
 from inferencepool import cli
-from inferencepool.diagnosis.cli import RawSnapshot, snapshot_text
+from inferencepool.api import labels
+from inferencepool.diagnosis.cli import RawSnapshot, scrape_pods, snapshot_text
 from inferencepool.engine_sim.profiles import PROFILES, EngineProfile
 
 # The CPU demo device with a fifth of its compute: prefill costs ~1.2 ms a token and decode steps grow from
@@ -119,3 +120,29 @@ async def test_two_workloads_get_opposite_verdicts(
     for report in (prefill_report, decode_report):
         assert "prompt lengths (router-counted tokens" in report
         assert "excludes the first token" in report
+
+
+def pod(name: str, role: str, url: str, ready: bool = True) -> dict[str, object]:
+    """A Pod as the API server serializes it: labels, the named http port, IP, Ready condition."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return {
+        "metadata": {"name": name, "labels": {labels.LABEL_POOL: "p", labels.LABEL_ROLE: role}},
+        "spec": {"containers": [{"name": "c", "ports": [{"name": "http", "containerPort": int(port)}]}]},
+        "status": {"podIP": host, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+async def test_live_snapshots_read_the_ready_pods_of_each_role() -> None:
+    async with (
+        running_engine("zero", MODEL, nixl=True, role="prefill") as prefill,
+        running_engine("zero", MODEL, nixl=True, role="decode") as decode,
+    ):
+        pods = [
+            pod("p-0", "prefill", prefill.url),
+            pod("d-0", "decode", decode.url),
+            pod("d-1", "decode", decode.url, ready=False),  # not ready: not read
+            pod("c-0", "lmcache-controller", decode.url),  # not an engine or router: not read
+        ]
+        pages = await scrape_pods(pods)
+    assert [(name, role) for name, role, _ in pages] == [("p-0", "prefill"), ("d-0", "decode")]
+    assert all("vllm:time_to_first_token_seconds" in page for _, _, page in pages)

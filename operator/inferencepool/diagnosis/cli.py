@@ -36,7 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--kubeconfig", default=None, help="kubeconfig (default: $KUBECONFIG, ~/.kube/config)"
     )
     parser.add_argument(
-        "--seconds", type=float, default=30.0, help="seconds between the two snapshots. Default: 30"
+        "--seconds", type=float, default=30.0, help="seconds between the first and last snapshot. Default: 30"
     )
     parser.add_argument(
         "--sample-seconds", type=float, default=5.0,
@@ -47,7 +47,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="read saved snapshots instead of scraping: the first and last make the window, any in "
         "between give the gauges",
     )  # fmt: skip
-    parser.add_argument("--save", type=Path, default=None, help="write both snapshots into this folder")
+    parser.add_argument("--save", type=Path, default=None, help="write the snapshots into this folder")
     parser.add_argument(
         "--pool-file", type=Path, default=None,
         help="the InferencePool as YAML, for its settings with --from-files (else the flags below)",
@@ -59,7 +59,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     figures.add_argument(
         "--itl-slo-ms", type=int, default=None, help="ITL target. Default: the pool's, or 40"
     )
-    figures.add_argument("--percentile", type=int, default=None, help="Default: the pool's, or 90")
+    figures.add_argument(
+        "--percentile", type=int, default=None, help="of the targets. Default: the pool's, or 90"
+    )
     figures.add_argument(
         "--policy", choices=("LengthAware", "AlwaysDisaggregate", "Colocated"), default=None,
         help="routing policy, with --from-files and no --pool-file. Default: Colocated without prefill pages",
@@ -153,7 +155,7 @@ def read_snapshot_file(path: Path) -> RawSnapshot:
 # --- live snapshots
 
 
-async def _scrape_pods(pods: Sequence[dict[str, Any]]) -> list[tuple[str, str, str]]:
+async def scrape_pods(pods: Sequence[dict[str, Any]]) -> list[tuple[str, str, str]]:
     import aiohttp
 
     from inferencepool.api import labels
@@ -184,7 +186,7 @@ def _live_snapshot(kube: Any, namespace: str, pool: str) -> RawSnapshot:
 
     pods = kube.list("v1", "Pod", namespace, f"{labels.LABEL_POOL}={pool}")
     at = time.time()
-    return at, asyncio.run(_scrape_pods(pods))
+    return at, asyncio.run(scrape_pods(pods))
 
 
 # --- the command
