@@ -308,9 +308,11 @@ def run(args: argparse.Namespace) -> int:
             if found is None:
                 print(f"  {name}: no layout of up to the search bound held the target", file=sys.stderr)
                 continue
-            result = found.result
-            result.scenario = dataclasses.replace(
-                result.scenario, name=f"{name} {found.prefill}P+{found.decode}D"
+            result = dataclasses.replace(
+                found.result,
+                scenario=dataclasses.replace(
+                    found.result.scenario, name=f"{name} {found.prefill}P+{found.decode}D"
+                ),
             )
             results.append(result)
             summaries.append(report.summarize(result, slo, args.peak_window))

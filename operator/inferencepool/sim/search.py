@@ -190,8 +190,10 @@ def static_sizes(
     # layout that would beat the best so far (more decode replicas hold at least as well, fewer worse); when
     # it holds, walk decode down while it still does.
     best_peak: tuple[int, int] | None = None
-    low, high = 1, max_replicas
-    if holds(0, high):
+    low, high = 1, 1
+    while high < max_replicas and not holds(0, high):  # doubling, then bisection
+        low, high = high + 1, min(2 * high, max_replicas)
+    if high < max_replicas or holds(0, high):
         while low < high:
             middle = (low + high) // 2
             if holds(0, middle):
