@@ -108,11 +108,11 @@ def sim_window(
 # Loaded layouts where the diagnosis has something to recommend, one per vendored trace.
 CASES = [
     # long, partly shared conversation prompts; the prefill pool queues, decode has headroom: raise it
-    pytest.param("mooncake-conv", 180, 1.0, 2, 2, 4096, "Threshold", id="mooncake-conv-2p2d"),
+    pytest.param("mooncake-conv", 300, 1.0, 2, 2, 4096, "Threshold", id="mooncake-conv-2p2d"),
     # code completion on colocated engines: long prefills stall decode batches: disaggregate
     pytest.param("azure-code", 300, 3.0, 0, 4, 4096, "Disaggregate", id="azure-code-colocated"),
     # chat at 8x its rate on 2+2: prefills on the decode engines stall them: lower the threshold
-    pytest.param("azure-conv", 150, 8.0, 2, 2, 4096, "Threshold", id="azure-conv-2p2d"),
+    pytest.param("azure-conv", 300, 8.0, 2, 2, 4096, "Threshold", id="azure-conv-2p2d"),
 ]
 
 
