@@ -643,10 +643,6 @@ def _kv_transfer(case: _Case) -> bool:
     return found
 
 
-def _both_within(case: _Case) -> bool:
-    return (case.ttft_load or 0.0) <= 1.0 and (case.itl_load or 0.0) <= 1.0
-
-
 def _latency_evidence(case: _Case) -> None:
     p = case.settings.percentile
     for metric, figures, target in (
