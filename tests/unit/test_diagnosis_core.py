@@ -19,6 +19,7 @@ from inferencepool.diagnosis.core import (
     with_what_if,
 )
 from inferencepool.diagnosis.settings import EngineSettings, PoolSettings
+from inferencepool.diagnosis.status import bottleneck_condition, bottleneck_status
 from inferencepool.diagnosis.window import EngineWindow, Gauge, PoolWindow, RouterWindow
 from inferencepool.engine_sim.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from inferencepool.router.metrics import PROMPT_BUCKETS
@@ -258,6 +259,7 @@ def test_a_p99_that_falls_apart_with_prefills_in_decode_batches_is_interference(
     assert disaggregate is not None and disaggregate.threshold_tokens is not None
     assert 1024 <= disaggregate.threshold_tokens <= 16384
     assert any("decode engines prefilled 100%" in line for line in result.evidence)
+    assert any("chunked prefill on, max-num-batched-tokens vLLM default" in line for line in result.evidence)
 
 
 def test_chunked_prefill_off_is_the_first_thing_to_fix() -> None:
@@ -455,3 +457,18 @@ def test_short_prefills_in_decode_batches_are_not_interference() -> None:
     )
     assert diagnose(window, COLOCATED).verdict != "Interference"
     assert diagnose(interference(), COLOCATED).verdict == "Interference"  # the same tail with long prompts
+
+
+def test_the_status_the_operator_would_write() -> None:
+    prefill = diagnose(prefill_bound(), PD)
+    document = bottleneck_status(prefill)
+    assert document["phase"] == "Prefill" and document["reason"] == "PrefillBound"
+    assert document["recommendedThresholdTokens"] == prefill.recommended_threshold
+    assert 1 <= len(document["advice"]) <= 3
+    kind, status, reason, message = bottleneck_condition(prefill)
+    assert (kind, status, reason) == ("Bottleneck", "True", "PrefillBound")
+    assert message.startswith("first token slow") and prefill.advice[0].text in message
+    assert bottleneck_condition(diagnose(healthy(), PD))[1:3] == ("False", "WithinTargets")
+    quiet = PoolWindow(SECONDS, decode=engines(1, requests=3), router=router(direct=[0.1, 0.2, 0.3]))
+    assert bottleneck_condition(diagnose(quiet, PD))[1:3] == ("Unknown", "NotEnoughTraffic")
+    assert "recommendedThresholdTokens" not in bottleneck_status(diagnose(healthy(), PD))

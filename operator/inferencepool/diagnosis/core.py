@@ -426,6 +426,13 @@ def _evidence_common(case: _Case) -> None:
         if parts:
             label = f"{role} engines ({engines.pods})" if s.disaggregated else f"engines ({engines.pods})"
             case.evidence.append(f"{label}: " + ", ".join(parts))
+    if s.disaggregated and s.prefill_engine != s.decode_engine:
+        case.evidence.append(
+            f"engine settings (generated vllm args): prefill {s.prefill_engine.describe()}; decode "
+            f"{s.decode_engine.describe()}"
+        )
+    else:
+        case.evidence.append(f"engine settings (generated vllm args): {s.decode_engine.describe()}")
     rates = []
     if t.prefix_hit_rate is not None:
         rates.append(f"vLLM prefix cache {_pct(t.prefix_hit_rate)}")
@@ -775,8 +782,9 @@ def _advise_interference(case: _Case) -> None:
     s, t = case.settings, case.traffic
     engine = s.decode_engine
     case.evidence.append(
-        f"decode engines prefilled {_pct(t.decode_prefill_share)} of the computed prompt tokens, inside "
-        f"decode batches; decode engine settings: {engine.describe()}"
+        f"decode engines prefilled {_pct(t.decode_prefill_share)} of the computed prompt tokens, "
+        f"{_decode_prefill_per_request(case) or 0:.0f} tokens per prompt they prefilled, inside decode "
+        "batches"
     )
     if not engine.chunked_prefill:
         case.advice.append(
