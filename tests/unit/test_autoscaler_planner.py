@@ -35,6 +35,8 @@ def settings(**changes: object) -> p.PlannerSettings:
         "headroom": 1.0,
         "interval_seconds": INTERVAL,
         "scale_down_delay_seconds": 0.0,
+        "scale_down_margin": 0.0,
+        "itl_fill": 1.0,
     }
     base.update(changes)
     return p.PlannerSettings(**base)  # type: ignore[arg-type]
@@ -115,6 +117,8 @@ def test_decode_sized_from_tokens_and_direct_prefill_against_the_itl_target() ->
     assert plan.decode.demand == pytest.approx(0.4 + 0.5)
     assert plan.decode.capacity_per_replica == pytest.approx(0.8)
     assert plan.decode.replicas == 2
+    filled = p.Planner(settings(itl_fill=0.8), MODEL).decide(observe(15, 0.0, generated_per_s=4000))
+    assert filled.decode.capacity_per_replica == pytest.approx(1 - 0.01 / 0.04)  # sized for 40 of 50 ms
     kv = p.Planner(settings(), MODEL).decide(observe(15, 0.0, decode=3, kv=0.9))  # 3 x 90k tokens in use
     assert kv.decode.wanted == math.ceil(3 * 0.9 / 0.8) and "KV needs 4" in kv.decode.message
 
@@ -148,6 +152,17 @@ def test_forecast_down_one_step_at_a_time_after_the_peak_has_passed() -> None:
     assert all(b >= a - 1 for a, b in itertools.pairwise(counts))  # never more than one down
     assert counts[3] == 3  # the recent peak still holds the pool
     assert counts[-1] == 1 and p.FORECAST_DOWN in {reason for _, reason in history}
+
+
+def test_scale_down_needs_room_for_the_margin() -> None:
+    """38 prompts in 15 s are 1.27 s/s of work, 1.9 replicas at 2/3 each: 2 would do, but not with a 10%
+    margin (2.09), so 3 stay; at 1.0 s/s (1.5 replicas, 1.65 with the margin) they go to 2."""
+    planner = p.Planner(settings(scale_down_margin=0.1, peak_seconds=0.0, trend_seconds=1.0), MODEL)
+    kept = planner.decide(observe(15, 38 / 15, prefill=3)).prefill
+    assert (kept.wanted, kept.replicas) == (3, 3)
+    assert planner.decide(observe(30, 2.0, prefill=3)).prefill.replicas == 2
+    no_margin = p.Planner(settings(peak_seconds=0.0, trend_seconds=1.0), MODEL)
+    assert no_margin.decide(observe(15, 38 / 15, prefill=3)).prefill.replicas == 2
 
 
 def test_scale_down_waits_after_a_scale_up() -> None:

@@ -82,3 +82,12 @@ def test_best_split_and_static_sizes() -> None:
     # nothing smaller than the peak layout held every window
     size = peak.prefill + peak.decode
     assert all(t.worst_window < 0.9 for t in tried if t.prefill + t.decode < size)
+
+
+def test_peak_slice_is_the_busiest_window_and_what_came_before() -> None:
+    trace = [TraceRequest(float(t), 100, 10) for t in range(0, 900, 10)]
+    trace += [TraceRequest(600 + i * 0.5, 100, 10) for i in range(100)]  # busy from 600 to 650
+    trace.sort(key=lambda r: r.arrival)
+    sliced = search.peak_slice(trace, window_seconds=300, before_seconds=120)
+    assert sliced[0].arrival == 0.0 and sliced[-1].arrival < 420  # 480..900 re-based to 0..420
+    assert len(sliced) == len([r for r in trace if 480 <= r.arrival < 900])

@@ -102,6 +102,10 @@ class PlannerSettings:
     correction_bounds: tuple[float, float] = (0.5, 2.0)
     latency_factor_max: float = 3.0
     scale_down_delay_seconds: float = 60.0
+    scale_down_margin: float = 0.1  # scale down only if the pool would still fit this much more demand
+    itl_fill: float = (
+        0.9  # size decode for this share of the ITL target (requests' TPOT spreads around the mean)
+    )
     trend_seconds: float = 300.0
     peak_seconds: float = 120.0
     burst_window_seconds: float = 2.0  # what the router's burst_work_seconds counts over
@@ -362,7 +366,7 @@ class Planner:
         d_ratio = max(ratios) if ratios else None
         d_over = self._feedback("decode", d_ratio, decode_ready >= obs.decode.replicas > 0)
         mean_direct = obs.direct.prompt_tokens / obs.direct.prompts if obs.direct.prompts else 256.0
-        itl_cap = 1 - t0 / s.itl_target_seconds
+        itl_cap = 1 - t0 / (s.itl_fill * s.itl_target_seconds)
         d_cap = max(
             0.05,
             min(
@@ -395,6 +399,15 @@ class Planner:
             wanted_d, d_reason = current_d + 1, LATENCY_GUARD
 
         # ----- actuation and bounds -----
+        # hysteresis: a pool shrinks only when one replica fewer would still carry the demand plus a margin
+        margin = 1 + s.scale_down_margin
+        if 0 < wanted_p < current_p and math.ceil(p_share * margin - 1e-9) >= current_p:
+            wanted_p = current_p
+        if (
+            wanted_d < current_d
+            and max(math.ceil(d_forecast * margin / d_cap - 1e-9), kv_replicas) >= current_d
+        ):
+            wanted_d = current_d
         replicas_p, p_reason = self._actuate("prefill", obs.now, current_p, wanted_p, p_reason, bounds_p)
         replicas_d, d_reason = self._actuate("decode", obs.now, current_d, wanted_d, d_reason, s.decode)
         if s.ratio_bounds is not None and replicas_p > 0:

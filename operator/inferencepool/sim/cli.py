@@ -161,6 +161,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=300.0,
         help="static-peak holds the target in every window this long. Default: 300",
     )
+    searched.add_argument(
+        "--peak-focus",
+        type=float,
+        default=None,
+        help="search static-peak on the busiest window and this many seconds before it only (faster on "
+        "long traces; the layout found then runs on the whole trace; static-min is not searched)",
+    )
 
     parser.add_argument(
         "--scenarios",
@@ -204,6 +211,7 @@ def _requests(args: argparse.Namespace) -> list[TraceRequest]:
 def run(args: argparse.Namespace) -> int:
     from inferencepool.engine_sim.profiles import get_profile
     from inferencepool.sim import report, search, workload
+    from inferencepool.sim.cluster import simulate
     from inferencepool.sim.compare import SEARCHED, Budget, build_scenarios, compare, static_layout
 
     started = time.monotonic()
@@ -293,7 +301,10 @@ def run(args: argparse.Namespace) -> int:
             window_seconds=args.peak_window,
             max_replicas=2 * (args.max_replicas or args.replicas),
             kv_link_bytes_per_s=link,
+            focus_seconds=args.peak_focus,
         )
+        if args.peak_focus is not None:
+            smallest = None
         for sized in tried:
             print(
                 f"  static {sized.prefill}P+{sized.decode}D: {100 * sized.attainment:.1f}% SLO, worst "
@@ -308,12 +319,13 @@ def run(args: argparse.Namespace) -> int:
             if found is None:
                 print(f"  {name}: no layout of up to the search bound held the target", file=sys.stderr)
                 continue
-            result = dataclasses.replace(
-                found.result,
-                scenario=dataclasses.replace(
-                    found.result.scenario, name=f"{name} {found.prefill}P+{found.decode}D"
-                ),
+            renamed = dataclasses.replace(
+                found.result.scenario, name=f"{name} {found.prefill}P+{found.decode}D"
             )
+            if args.peak_focus is not None:  # found on the peak: now the whole trace
+                result = simulate(renamed, profile, requests, kv_link_bytes_per_s=link)
+            else:
+                result = dataclasses.replace(found.result, scenario=renamed)
             results.append(result)
             summaries.append(report.summarize(result, slo, args.peak_window))
     for scenario in scenarios:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from inferencepool.engine_sim.profiles import EngineProfile
 from inferencepool.sim.cluster import Scenario, ScenarioResult, simulate
@@ -171,10 +171,18 @@ def static_sizes(
     window_seconds: float = 300.0,
     max_replicas: int = 16,
     kv_link_bytes_per_s: float | None = None,
+    focus_seconds: float | None = None,
 ) -> tuple[Sized | None, Sized | None, list[Sized]]:
     """(static peak, static min among the layouts tried, every layout tried), for up to `max_replicas`
-    replicas in all. Assumes attainment does not fall when a decode replica is added."""
+    replicas in all. Assumes attainment does not fall when a decode replica is added.
+
+    With `focus_seconds`, each layout runs only on the busiest window of the trace (by prompt tokens plus 20x
+    output tokens) and the `focus_seconds` before it: the peak decides static-peak, and a long trace costs a
+    fraction to search. The layouts' attainment is then that of the slice, so static min is not meaningful.
+    """
     tried: list[Sized] = []
+    if focus_seconds is not None:
+        trace = peak_slice(trace, window_seconds, focus_seconds)
 
     def run(prefill: int, decode: int) -> Sized:
         result = simulate(layout(prefill, decode), profile, trace, kv_link_bytes_per_s=kv_link_bytes_per_s)
@@ -212,3 +220,19 @@ def static_sizes(
     held = [s for s in tried if s.attainment >= target]
     smallest = min(held, key=lambda s: (s.prefill + s.decode, -s.attainment), default=None)
     return (None if best_peak is None else by_layout[best_peak]), smallest, tried
+
+
+def peak_slice(
+    trace: Sequence[TraceRequest], window_seconds: float, before_seconds: float
+) -> list[TraceRequest]:
+    """The busiest window of the trace and the `before_seconds` before it, re-based to start at 0."""
+    start = trace[0].arrival
+    load: dict[int, float] = {}
+    for request in trace:
+        index = int((request.arrival - start) // window_seconds)
+        load[index] = load.get(index, 0.0) + request.prompt_tokens + 20 * request.output_tokens
+    busiest = max(load, key=load.__getitem__)
+    begin = start + busiest * window_seconds - before_seconds
+    end = start + (busiest + 1) * window_seconds
+    first = max(begin, start)
+    return [replace(r, arrival=r.arrival - first) for r in trace if first <= r.arrival < end]
