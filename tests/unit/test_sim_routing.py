@@ -40,6 +40,9 @@ def costs(uncached: int, prefill_queue: float = 0.0, decode_queue: float = 0.0) 
         ),
         (3000, costs(3000, decode_queue=1.5), True, (Route.DISAGGREGATED, RouteReason.DECODE_BUSY)),
         (500, costs(500, decode_queue=1.5), True, (Route.DIRECT, RouteReason.SHORT)),  # too short to move
+        (2000, costs(2000, decode_queue=0.1), True, (Route.DISAGGREGATED, RouteReason.PREFILL_IDLE)),
+        (2000, costs(2000, prefill_queue=0.1, decode_queue=0.1), True, (Route.DIRECT, RouteReason.SHORT)),
+        (2000, costs(2000), True, (Route.DIRECT, RouteReason.SHORT)),  # both idle: no transfer
         (8000, costs(8000), False, (Route.FALLBACK, RouteReason.NO_PREFILL_POD)),
     ],
 )

@@ -45,6 +45,7 @@ class RouteReason(StrEnum):
     LONG = "long"  # enough uncached tokens to pay for the transfer
     PREFILL_BUSY = "prefill_busy"  # the prefill pool's queue would miss the TTFT target, the decode pod not
     DECODE_BUSY = "decode_busy"  # the decode pod's prefill queue would miss it, the prefill pool not
+    PREFILL_IDLE = "prefill_idle"  # a medium prompt goes to an idle prefill pool, sparing the decodes' ITL
     NO_PREFILL_POD = "no_prefill_pod"
 
 
@@ -72,8 +73,10 @@ def choose_route_by_cost(
     A prompt goes through the prefill pool when its uncached tokens reach the threshold, unless the prefill
     pool is so busy that its TTFT estimate (queue + prefill + transfer) misses the target while prefilling on
     the decode pod (its queue + prefill) would not; and a shorter prompt goes through the prefill pool when
-    the decode pod's queue would make it miss the target and the prefill pool would not (only for prompts
-    of at least a quarter of the threshold: a transfer never pays for a handful of tokens).
+    the decode pod's queue would make it miss the target and the prefill pool would not, or when the
+    prefill pool has nothing queued and the decode pod has (prefill chunks on a decode pod stall its running
+    decodes; an idle prefill pod does the work for the price of a transfer). Both only for prompts of at
+    least a quarter of the threshold: a transfer never pays for a handful of tokens.
     """
     if policy == "Colocated":
         return Route.DIRECT, RouteReason.POLICY
@@ -85,13 +88,11 @@ def choose_route_by_cost(
     direct = costs.decode_queue_seconds + costs.prefill_seconds
     disaggregated = costs.prefill_queue_seconds + costs.prefill_seconds + costs.transfer_seconds
     if costs.uncached_tokens < threshold_tokens:
-        if (
-            prefill_ready
-            and target is not None
-            and costs.uncached_tokens * 4 >= threshold_tokens
-            and direct > target >= disaggregated
-        ):
+        medium = prefill_ready and costs.uncached_tokens * 4 >= threshold_tokens
+        if medium and target is not None and direct > target >= disaggregated:
             return Route.DISAGGREGATED, RouteReason.DECODE_BUSY
+        if medium and costs.prefill_queue_seconds <= 0 < costs.decode_queue_seconds:
+            return Route.DISAGGREGATED, RouteReason.PREFILL_IDLE
         return Route.DIRECT, RouteReason.CACHED if prompt_tokens >= threshold_tokens else RouteReason.SHORT
     if not prefill_ready:
         return Route.FALLBACK, RouteReason.NO_PREFILL_POD
