@@ -167,3 +167,31 @@ def test_promtool_accepts_the_rules(tmp_path: Path) -> None:
     staged.write_text(yaml.safe_dump(alerts.rule_groups(zero)))
     result = subprocess.run([promtool, "check", "rules", str(staged)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_pod_targets_carry_the_labels_kubernetes_discovery_gives() -> None:
+    pod = {
+        "metadata": {
+            "name": "demo-decode-0",
+            "namespace": "default",
+            "labels": {"serving.inferencepool.dev/pool": "demo"},
+        },
+        "spec": {"containers": [{"name": "vllm", "ports": [{"name": "http", "containerPort": 8000}]}]},
+        "status": {
+            "podIP": "127.20.0.3",
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    (group,) = scrape.pod_targets([pod, {"metadata": {"name": "pending"}, "spec": {}, "status": {}}])
+    assert group["targets"] == ["127.20.0.3:8000"]
+    labels = group["labels"]
+    assert labels["__meta_kubernetes_pod_label_serving_inferencepool_dev_pool"] == "demo"
+    assert labels["__meta_kubernetes_pod_labelpresent_serving_inferencepool_dev_pool"] == "true"
+    assert labels["__meta_kubernetes_pod_container_port_name"] == "http"
+    assert labels["__meta_kubernetes_pod_ready"] == "true"
+    # File discovery lists every pod, so its config keeps the PodMonitor's selector rules.
+    config = scrape.scrape_config(scrape.ENGINES, "engines", "5s", file_sd="/tmp/pods.json")
+    assert config["relabel_configs"][: len(scrape.selector_relabelings(scrape.ENGINES))] == (
+        scrape.selector_relabelings(scrape.ENGINES)
+    )

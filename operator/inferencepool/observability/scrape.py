@@ -156,10 +156,12 @@ def scrape_config(
     interval: str,
     *,
     kubernetes_sd: dict[str, Any] | None = None,
+    file_sd: str | None = None,
     static_targets: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A Prometheus scrape config equivalent to the PodMonitor, for Kubernetes service discovery (selector
-    rules included) or for static targets that carry the same meta labels (tests)."""
+    """A Prometheus scrape config equivalent to the PodMonitor: Kubernetes service discovery, or a file of
+    every pod with the meta labels Kubernetes discovery gives (`pod_targets`; Debian's Prometheus is built
+    without Kubernetes discovery), both with the selector rules; or static targets carrying those labels."""
     relabel: list[dict[str, Any]] = []
     config: dict[str, Any] = {
         "job_name": job,
@@ -170,9 +172,46 @@ def scrape_config(
     if kubernetes_sd is not None:
         config["kubernetes_sd_configs"] = [{"role": "pod", **kubernetes_sd}]
         relabel += selector_relabelings(target)
+    if file_sd is not None:
+        config["file_sd_configs"] = [{"files": [file_sd], "refresh_interval": "2s"}]
+        relabel += selector_relabelings(target)
     if static_targets is not None:
         config["static_configs"] = static_targets
     relabel += standard_relabelings(job, target.port)
     relabel += [r.prometheus() for r in target.relabelings]
     config["relabel_configs"] = relabel
     return config
+
+
+def pod_targets(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Target groups for Prometheus' file discovery, one per container port of every pod with an IP, labelled
+    as Kubernetes service discovery (role pod) labels them."""
+    groups = []
+    for pod in pods:
+        meta, spec, status = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status") or {}
+        ip = status.get("podIP")
+        if not ip:
+            continue
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+        )
+        common = {
+            "__meta_kubernetes_namespace": meta.get("namespace", ""),
+            "__meta_kubernetes_pod_name": meta.get("name", ""),
+            "__meta_kubernetes_pod_ip": ip,
+            "__meta_kubernetes_pod_phase": status.get("phase", ""),
+            "__meta_kubernetes_pod_ready": "true" if ready else "false",
+        }
+        for key, value in (meta.get("labels") or {}).items():
+            common[pod_label_meta(key)] = value
+            common[pod_label_present_meta(key)] = "true"
+        for container in spec.get("containers", []):
+            for port in container.get("ports", []):
+                labels_ = {
+                    **common,
+                    "__meta_kubernetes_pod_container_name": container.get("name", ""),
+                    "__meta_kubernetes_pod_container_port_name": port.get("name", ""),
+                    "__meta_kubernetes_pod_container_port_number": str(port["containerPort"]),
+                }
+                groups.append({"targets": [f"{ip}:{port['containerPort']}"], "labels": labels_})
+    return groups
