@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fake-engine": ("inferencepool.engine_sim.cli", "run a CPU-only stand-in for a vLLM engine"),
     "bench": ("inferencepool.bench.cli", "run a benchmark and print ratios against its baseline"),
     "sim": ("inferencepool.sim.cli", "compare colocated, P/D, LengthAware and autoscaled pools on a trace"),
-    "diagnose": ("inferencepool.diagnosis.cli", "say which phase limits a pool, why, and the fix that fits"),
+    "diagnose": ("inferencepool.diagnose.cli", "say which phase limits a pool, why, and the fix that fits"),
     "demo": ("inferencepool.demo", "run the local demo: control plane, operator, router, fake engines"),
 }
 

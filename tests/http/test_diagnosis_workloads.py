@@ -18,7 +18,7 @@ from tests.support.engines import running_engine
 
 from inferencepool import cli
 from inferencepool.api import labels
-from inferencepool.diagnosis.cli import RawSnapshot, scrape_pods, snapshot_text
+from inferencepool.diagnose.cli import RawSnapshot, scrape_pods, snapshot_text
 from inferencepool.engine_sim.profiles import PROFILES, EngineProfile
 
 # The CPU demo device with a fifth of its compute: prefill costs ~1.2 ms a token and decode steps grow from

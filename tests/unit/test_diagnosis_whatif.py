@@ -10,9 +10,9 @@ from collections.abc import Sequence
 import pytest
 
 from inferencepool.autoscaler.histogram import Histogram
+from inferencepool.diagnose.whatif import TrafficSketch, synthetic_trace, what_if
 from inferencepool.diagnosis.core import diagnose, with_what_if
 from inferencepool.diagnosis.settings import PoolSettings
-from inferencepool.diagnosis.whatif import TrafficSketch, synthetic_trace, what_if
 from inferencepool.diagnosis.window import EngineWindow, PoolWindow, RouterWindow
 from inferencepool.engine_sim.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from inferencepool.engine_sim.profiles import get_profile

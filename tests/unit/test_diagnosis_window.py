@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from inferencepool import cli
 from inferencepool.api.v1alpha1 import InferencePool
 from inferencepool.autoscaler.histogram import parse_page
-from inferencepool.diagnosis.cli import (
+from inferencepool.diagnose.cli import (
     SnapshotFileError,
     parse_snapshot_text,
     snapshot_text,

@@ -6,8 +6,8 @@ A snapshot is every engine's and router's Prometheus page at one moment, parsed 
 reports now is new), summed over the pods of a role. Gauges (queue depth, running batch, KV-cache usage) are
 instantaneous: the window keeps their mean and maximum over the pods and both snapshots.
 
-The same function serves the `inferencepool diagnose` command (pages it scraped or read from files) and,
-later, the operator (pages the autoscaler already scraped: nothing is scraped twice).
+The same function serves the `inferencepool diagnose` command (pages it scraped or read from files) and the
+operator (pages the autoscaler already scraped: nothing is scraped twice).
 """
 
 from __future__ import annotations

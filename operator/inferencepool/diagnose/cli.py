@@ -240,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from inferencepool.api.v1alpha1 import API_VERSION, InferencePool
-    from inferencepool.diagnosis.analysis import analyse
+    from inferencepool.diagnose.analysis import analyse
     from inferencepool.diagnosis.report import render
     from inferencepool.diagnosis.window import WindowError
     from inferencepool.engine_sim.profiles import get_profile

@@ -1,17 +1,18 @@
-"""Snapshots in, diagnosis and what-if out: the one path the CLI, the tests and (later) the operator take."""
+"""Snapshots in, diagnosis and what-if out: the path `inferencepool diagnose` and its tests take (the operator
+runs the diagnosis alone, never the replay)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from inferencepool.diagnosis.core import Diagnosis, WhatIfRow, diagnose, with_what_if
-from inferencepool.diagnosis.settings import PoolSettings
-from inferencepool.diagnosis.whatif import (
+from inferencepool.diagnose.whatif import (
     DEFAULT_MAX_REQUESTS,
     DEFAULT_SECONDS,
     what_if,
 )
+from inferencepool.diagnosis.core import Diagnosis, WhatIfRow, diagnose, with_what_if
+from inferencepool.diagnosis.settings import PoolSettings
 from inferencepool.diagnosis.window import PoolWindow, Snapshot, window
 from inferencepool.engine_sim.profiles import EngineProfile
 
