@@ -11,7 +11,9 @@ decide (policy.py), and act on the decision:
 It also reads the routers' own metrics (share of requests through the prefill pool, the threshold in force),
 for every pool. What it learnt is handed to the operator's status composer through two pure readers:
 `status_document()` (figures) and `scaling_limited()` (the ScalingLimited condition's value); the operator
-writes the status, once, with everything else.
+writes the status, once, with everything else. The pages each router round parsed, every role's, are kept
+over the router's window as snapshots (`readings()`) for the operator's bottleneck diagnosis: nothing is
+scraped twice.
 
 Scrape failures leave a pod out of that tick (its metrics are still counted when it answers again); a pool
 whose metrics cannot be read at all keeps its replica count.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -38,6 +41,7 @@ from inferencepool.autoscaler.histogram import (
     Counts,
     Histogram,
     MetricsError,
+    Page,
     Window,
     parse_page,
     read_counts,
@@ -61,6 +65,10 @@ ROUTES = ("direct", "disaggregated", "fallback")
 # How often and over how long the router is read when no pool autoscales (else: the pools' own settings).
 ROUTER_INTERVAL_SECONDS = 15.0
 ROUTER_WINDOW_SECONDS = 60.0
+
+# One pod's page as a round parsed it: (role, pod, page); a reading is the round's time and all of them.
+PageReading = tuple[str, str, Page]
+Reading = tuple[float, tuple[PageReading, ...]]
 
 # (the pool's object reference, event type, reason, message) -> posted; the operator passes kopf.event.
 EventSink = Callable[[dict[str, Any], str, str, str], None]
@@ -110,6 +118,8 @@ class PoolAutoscaler:
         self._router_due = 0.0
         self.disaggregated_percent: int | None = None
         self.threshold_tokens: int | None = None
+        self._parsed: list[PageReading] = []  # this round's pages
+        self._readings: deque[Reading] = deque()
         self._restore(pool)
 
     @property
@@ -159,6 +169,7 @@ class PoolAutoscaler:
         nothing it reports changed). Raises KubeError when the API server cannot be read (the caller logs it
         and tries again next time)."""
         now, ran = self._clock(), False
+        self._parsed = []
         for role in POOL_ROLES:
             settings = self.settings(role)
             if settings is None:
@@ -172,7 +183,29 @@ class PoolAutoscaler:
             interval, window = self._router_timing()
             self._router_due, ran = now + interval, True
             await self._observe_router(now, window)
+            await self._keep_reading(now, window)
         return ran
+
+    async def _keep_reading(self, now: float, window_seconds: float) -> None:
+        """Keep this round's pages as one reading, over the window. Engine roles the round did not read
+        (autoscaling off, or not due) are read here, so a reading holds every role at one moment."""
+        read = {role for role, _, _ in self._parsed}
+        for role in POOL_ROLES:
+            if role in read:
+                continue
+            _, pages = await self._scrape_ready(await self._pods(role))
+            for name, page in pages:
+                try:
+                    self._parsed.append((role, name, parse_page(page)))
+                except MetricsError as error:
+                    log.warning("pod %s/%s: %s", self.namespace, name, error)
+        self._readings.append((now, tuple(self._parsed)))
+        while self._readings[0][0] < now - window_seconds:
+            self._readings.popleft()
+
+    def readings(self) -> list[Reading]:
+        """The readings of the router's window, oldest first (pure: reads only)."""
+        return list(self._readings)
 
     async def _step(self, role: PoolRole, state: _Role, settings: Autoscaling, now: float) -> None:
         """One decision for one role, and the scaling it asks for."""
@@ -216,6 +249,7 @@ class PoolAutoscaler:
         for name, page in pages:
             try:
                 parsed = parse_page(page)
+                self._parsed.append(("router", name, parsed))
                 counts = read_counts(parsed, ROUTER_REQUESTS, "route", ROUTES)
                 threshold = read_gauge(parsed, ROUTER_THRESHOLD)
             except MetricsError as error:
@@ -252,7 +286,9 @@ class PoolAutoscaler:
         read_any = False
         for name, page in pages:
             try:
-                histogram = read_histogram(parse_page(page), metric)
+                parsed = parse_page(page)
+                histogram = read_histogram(parsed, metric)
+                self._parsed.append((role, name, parsed))
             except MetricsError as error:
                 log.warning("pod %s/%s: %s", self.namespace, name, error)
                 continue
