@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: demo test lint typecheck unit crd bench clean deploy-manifests chart-check
+.PHONY: demo test lint typecheck unit crd bench clean deploy-manifests chart-check observability
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -47,7 +47,12 @@ deploy-manifests: $(STAMP)
 
 chart-check: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit/test_chart_files.py tests/unit/test_chart_gitops.py \
-	  tests/cluster/test_chart_render.py
+	  tests/unit/test_observability_files.py tests/cluster/test_chart_render.py tests/cluster/test_chart_monitoring.py
+
+# The chart's monitoring templates and dashboard, and deploy/monitoring/, from operator/inferencepool/observability
+# (a test fails on drift).
+observability: $(STAMP)
+	$(BIN)/python -m inferencepool.observability --write .
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
