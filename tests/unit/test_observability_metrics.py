@@ -150,3 +150,25 @@ def test_record_status_of_an_invalid_spec_reports_degraded() -> None:
     }
     metrics.record_status(m, "default", "bad", status)
     assert value(m, metrics.DEGRADED, namespace="default", pool="bad") == 1
+
+
+def test_the_bottleneck_is_one_hot_over_its_phases_with_the_recommended_threshold() -> None:
+    m = OperatorMetrics()
+    pool = {"namespace": "default", "pool": "demo"}
+    bottleneck = {"phase": "Prefill", "reason": "PrefillBound", "recommendedThresholdTokens": 6144}
+    metrics.record_status(m, "default", "demo", {"bottleneck": bottleneck})
+    assert value(m, metrics.BOTTLENECK, **pool, phase="Prefill") == 1
+    others = [p for p in metrics.BOTTLENECK_PHASES if p != "Prefill"]
+    assert all(value(m, metrics.BOTTLENECK, **pool, phase=p) == 0 for p in others)
+    assert value(m, metrics.RECOMMENDED_THRESHOLD, **pool) == 6144
+    metrics.record_status(m, "default", "demo", {"bottleneck": {"phase": "Decode", "reason": "DecodeBound"}})
+    assert value(m, metrics.BOTTLENECK, **pool, phase="Decode") == 1
+    assert value(m, metrics.BOTTLENECK, **pool, phase="Prefill") == 0
+    assert value(m, metrics.RECOMMENDED_THRESHOLD, **pool) is None  # no recommendation: no stale figure
+    metrics.record_status(m, "default", "demo", {"bottleneck": {"phase": "Sideways", "reason": "New"}})
+    assert value(m, metrics.BOTTLENECK, **pool, phase="Unknown") == 1  # a phase outside the set: bounded
+    metrics.record_status(m, "default", "demo", {})  # not diagnosed (yet): no series
+    assert not [key for key in samples(m) if key[0] == metrics.BOTTLENECK]
+    metrics.record_status(m, "default", "demo", {"bottleneck": bottleneck})
+    m.forget_pool("default", "demo")
+    assert not [key for key in samples(m) if key[0] in (metrics.BOTTLENECK, metrics.RECOMMENDED_THRESHOLD)]

@@ -133,6 +133,32 @@ ROWS: Final = (
         ),
     ),
     Row(
+        "Bottleneck",
+        "Which phase limits the pool, as the operator diagnoses it every round from the metrics it reads "
+        "(status.bottleneck; `inferencepool diagnose POOL` prints the evidence and the what-if).",
+        (
+            Panel(
+                "Limiting phase",
+                "The diagnosis over the autoscaler's window: Prefill (first token slow, streaming fast), "
+                "Decode (streaming slow), Interference (fine at p50, p99 falls apart as prefills land in "
+                "decode batches), KVTransfer (disaggregated requests wait on the hand-over), None (every "
+                "target met), Unknown (too little traffic to judge). kubectl describe pdpool shows the "
+                "Bottleneck condition with the first advice.",
+                (Query(f"max by (phase) ({op.BOTTLENECK}{sel()}) == 1", "{{phase}}"),),
+                kind="state-timeline",
+            ),
+            Panel(
+                "Prefill threshold: in force and recommended",
+                "The threshold the routers hold, and the one the diagnosis computes from the measured prompt "
+                "lengths and both pools' headroom (absent while it recommends no change).",
+                (
+                    Query(f"max({ROUTER}_prefill_threshold_tokens{sel()})", "in force"),
+                    Query(f"max({op.RECOMMENDED_THRESHOLD}{sel()})", "recommended"),
+                ),
+            ),
+        ),
+    ),
+    Row(
         "Scaling",
         "How many engines each phase has, wants and has ready, and why the autoscaler decided what it did.",
         (
@@ -394,8 +420,8 @@ def dashboard() -> dict[str, Any]:
     return {
         "uid": UID,
         "title": TITLE,
-        "description": "One InferencePool: latency against target per phase, scaling, routing, engines, "
-        "KV transfer.",
+        "description": "One InferencePool: latency against target per phase, the bottleneck, scaling, "
+        "routing, engines, KV transfer.",
         "tags": ["inferencepool", "vllm", "llm"],
         "schemaVersion": 39,
         "version": 1,

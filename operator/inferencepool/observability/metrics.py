@@ -2,9 +2,11 @@
 
 Per pool and role: the observed latency at the target percentile and the target itself (prefill: TTFT, decode:
 ITL), current/desired/ready replicas, the autoscaler's last decision as a one-hot gauge over a fixed set of
-reasons, and ScalingLimited/Degraded as 0/1 gauges. Per pool: reconciles by result; for the operator:
-reconcile duration. Labels are namespace, pool, role and reason only (never request ids or prompts), and a
-deleted pool's series are removed with `forget_pool`, so cardinality is bounded by the pools that exist.
+reasons, and ScalingLimited/Degraded as 0/1 gauges. Per pool: the diagnosed bottleneck (status.bottleneck) as
+a one-hot gauge over its phases and the prefill threshold it recommends; reconciles by result; for the
+operator: reconcile duration. Labels are namespace, pool, role, reason and phase only (never request ids or
+prompts), and a deleted pool's series are removed with `forget_pool`, so cardinality is bounded by the pools
+that exist.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ DECISION_REASONS: Final = (
     "OutOfBounds",
     "Other",
 )
+# status.bottleneck.phase (inferencepool.diagnosis); anything else is reported as Unknown.
+BOTTLENECK_PHASES: Final = ("Prefill", "Decode", "Interference", "KVTransfer", "None", "Unknown")
 RESULTS: Final = ("ok", "error")
 RECONCILE_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -42,6 +46,8 @@ READY_REPLICAS: Final = f"{PREFIX}_pool_ready_replicas"
 SCALING_DECISION: Final = f"{PREFIX}_pool_scaling_decision"
 SCALING_LIMITED: Final = f"{PREFIX}_pool_scaling_limited"
 DEGRADED: Final = f"{PREFIX}_pool_degraded"
+BOTTLENECK: Final = f"{PREFIX}_pool_bottleneck"
+RECOMMENDED_THRESHOLD: Final = f"{PREFIX}_pool_recommended_threshold_tokens"
 RECONCILES: Final = f"{PREFIX}_operator_reconciles"
 RECONCILE_DURATION: Final = f"{PREFIX}_operator_reconcile_duration_seconds"
 
@@ -91,6 +97,19 @@ class OperatorMetrics:
         self.degraded = Gauge(
             DEGRADED, "1 while the pool's Degraded condition is True", POOL_LABELS, registry=r
         )
+        self.bottleneck = Gauge(
+            BOTTLENECK,
+            "The phase that limits the pool over the last window (status.bottleneck.phase): 1 for it, 0 for "
+            "the others",
+            (*POOL_LABELS, "phase"),
+            registry=r,
+        )
+        self.recommended_threshold = Gauge(
+            RECOMMENDED_THRESHOLD,
+            "The prefill threshold the diagnosis recommends (status.bottleneck.recommendedThresholdTokens)",
+            POOL_LABELS,
+            registry=r,
+        )
         self.reconciles = Counter(
             RECONCILES, "Reconciles of a pool, by result", (*POOL_LABELS, "result"), registry=r
         )
@@ -135,6 +154,21 @@ class OperatorMetrics:
         self.limited.labels(*labels).set(1 if scaling_limited else 0)
         self.degraded.labels(namespace, pool).set(1 if degraded else 0)
 
+    def record_bottleneck(
+        self, namespace: str, pool: str, phase: str | None, recommended_threshold_tokens: int | None
+    ) -> None:
+        """The pool's diagnosed bottleneck (None: not diagnosed yet, the series are removed)."""
+        chosen = None if phase is None else phase if phase in BOTTLENECK_PHASES else "Unknown"
+        for candidate in BOTTLENECK_PHASES:
+            if chosen is None:
+                self.bottleneck.remove(namespace, pool, candidate)
+            else:
+                self.bottleneck.labels(namespace, pool, candidate).set(1 if candidate == chosen else 0)
+        if recommended_threshold_tokens is None:
+            self.recommended_threshold.remove(namespace, pool)
+        else:
+            self.recommended_threshold.labels(namespace, pool).set(recommended_threshold_tokens)
+
     @contextmanager
     def reconcile(self, namespace: str, pool: str) -> Iterator[None]:
         """Count and time one reconcile; an exception counts as an error and propagates."""
@@ -151,15 +185,15 @@ class OperatorMetrics:
         """Drop every series of a deleted pool."""
         for metric in (
             self.observed, self.target, self.replicas, self.desired, self.ready, self.decision, self.limited,
-            self.degraded, self.reconciles,
+            self.degraded, self.bottleneck, self.recommended_threshold, self.reconciles,
         ):  # fmt: skip
             metric.remove_by_labels({"namespace": namespace, "pool": pool})
 
 
 def record_status(metrics: OperatorMetrics, namespace: str, pool: str, status: Mapping[str, Any]) -> None:
     """Record a pool's status document (as the operator writes it) into `metrics`: per role the figures of
-    status.prefill / status.decode, the reason of the last scaling decision, and the ScalingLimited and
-    Degraded conditions."""
+    status.prefill / status.decode, the reason of the last scaling decision, the ScalingLimited and
+    Degraded conditions, and status.bottleneck."""
     conditions = {c.get("type"): c for c in status.get("conditions") or [] if isinstance(c, Mapping)}
 
     def true(kind: str) -> bool:
@@ -173,6 +207,14 @@ def record_status(metrics: OperatorMetrics, namespace: str, pool: str, status: M
         return true("ScalingLimited") and (role in named or not named)
 
     metrics.degraded.labels(namespace, pool).set(1 if true("Degraded") else 0)
+    bottleneck = status.get("bottleneck")
+    if isinstance(bottleneck, Mapping):
+        threshold = bottleneck.get("recommendedThresholdTokens")
+        metrics.record_bottleneck(
+            namespace, pool, str(bottleneck.get("phase")), int(threshold) if threshold is not None else None
+        )
+    else:
+        metrics.record_bottleneck(namespace, pool, None, None)
     for role in ROLES:
         figures = status.get(role)
         if not isinstance(figures, Mapping):
