@@ -227,14 +227,21 @@ def test_max_replicas_limits_and_says_so() -> None:
 
 
 def test_prefill_goes_to_zero_and_comes_back() -> None:
-    planner = p.Planner(settings(prefill=p.RoleBounds(0, 8), peak_seconds=0.0, trend_seconds=1.0), MODEL)
-    quiet = planner.decide(observe(15, 0.1, prefill=1, decode=1))  # 0.05 s/s: 0.075 of a replica
+    """At a 12.5 ms ITL target a decode pod has 1 - 10/12.5 = 0.2 of each second for prefill work, a prefill
+    pod 2/3: the prefill pool stays only where it saves replicas in all."""
+    planner = p.Planner(
+        settings(prefill=p.RoleBounds(0, 8), itl_target_seconds=0.0125, peak_seconds=0.0, trend_seconds=1.0),
+        MODEL,
+    )
+    quiet = planner.decide(observe(15, 0.1, prefill=1, decode=1))  # 0.05 s/s: 1 colocated vs 1 + 1
     assert (quiet.prefill.replicas, quiet.prefill.reason) == (0, p.PREFILL_TO_ZERO)
     assert quiet.decode.forecast == pytest.approx(quiet.prefill.forecast)  # decode pods take the work
-    still = planner.decide(observe(30, 0.6, prefill=0, decode=1))  # 0.45 of a replica: below 0.6, stays
+    still = planner.decide(observe(30, 0.6, prefill=0, decode=1))  # 0.3 s/s: 2 colocated vs 1 + 1: stays
     assert (still.prefill.replicas, still.prefill.reason) == (0, p.STEADY)
-    back = planner.decide(observe(45, 3.0, prefill=0, decode=1))
+    assert still.decode.replicas == 2
+    back = planner.decide(observe(45, 3.0, prefill=0, decode=2))  # 1.5 s/s: 8 colocated vs 3 + 1
     assert (back.prefill.replicas, back.prefill.reason) == (3, p.PREFILL_BACK)
+    assert back.decode.replicas == 2  # scale-down waits (one step, and not all at once)
     with pytest.raises(ValueError, match="decode minReplicas must be >= 1"):
         settings(decode=p.RoleBounds(0, 4))
 

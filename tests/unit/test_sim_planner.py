@@ -14,11 +14,11 @@ from inferencepool.sim.workload import TraceRequest
 H100 = get_profile("llama-3.1-8b-h100")
 
 
-def planned(prefill_min: int, load: float = 20.0) -> PlannerScaling:
+def planned(prefill_min: int, load: float = 20.0, itl: float = 0.04) -> PlannerScaling:
     return PlannerScaling(
         PlannerSettings(
             ttft_target_seconds=0.8,
-            itl_target_seconds=0.04,
+            itl_target_seconds=itl,
             prefill=RoleBounds(prefill_min, 4),
             decode=RoleBounds(1, 4),
             model_load_seconds=load,
@@ -52,7 +52,8 @@ def test_a_load_step_scales_decode_up_and_back_down() -> None:
 def test_prefill_goes_to_zero_and_comes_back_for_long_prompts() -> None:
     short = [TraceRequest(i * 0.5, 600, 30) for i in range(120)]
     long = [TraceRequest(60 + i * 0.25, 12000, 10) for i in range(240)]
-    scenario = Scenario("plan", "LengthAware", 1, 2, 4096, planner=planned(0))
+    # at a 15 ms ITL target a decode pod has little room for prefill work: long prompts make the pool pay
+    scenario = Scenario("plan", "LengthAware", 1, 2, 4096, planner=planned(0, itl=0.015))
     result = simulate(scenario, H100, short + long)
     assert all(r.completed and r.finishes == 1 for r in result.records)
     prefill = [e for e in result.scaling if e.role == "prefill"]

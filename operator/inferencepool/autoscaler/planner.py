@@ -39,8 +39,10 @@ the number is a target), scale down one replica per decision when the forecast a
 `scale_down_delay_seconds` of a scale-up or of the first decision. Bounds: min/max per role,
 prefill:decode ratio bounds while prefill runs, an optional GPU budget across both. Prefill may go to zero
 (its minReplicas 0): below `zero_prefill_below` of one replica's load the prefill pool goes and the decode
-pods prefill everything (colocated), and it comes back above `prefill_back_above`; while it is gone, its
-demand counts on decode.
+pods prefill everything (colocated) when that needs fewer replicas in all than keeping it (prefill work on
+a decode pod costs that pod's ITL-bound capacity, on a prefill pod the TTFT-bound one), or when its load is
+below `zero_prefill_below` of a replica; it comes back when keeping it is strictly cheaper; while it is
+gone, its demand counts on decode.
 """
 
 from __future__ import annotations
@@ -95,8 +97,7 @@ class PlannerSettings:
     kv_fill: float = 0.8
     ratio_bounds: tuple[float, float] | None = None  # prefill / decode replicas while prefill runs
     gpu_budget: int | None = None  # across both roles
-    zero_prefill_below: float = 0.2  # of one prefill replica's capacity (minReplicas 0 only)
-    prefill_back_above: float = 0.6
+    zero_prefill_below: float = 0.05  # of one prefill replica's capacity: always colocate (minReplicas 0)
     latency_tolerance: float = 0.1
     correction_weight: float = 0.3
     correction_bounds: tuple[float, float] = (0.5, 2.0)
@@ -125,8 +126,6 @@ class PlannerSettings:
             1, self.decode.gpus_per_replica
         ):
             raise ValueError(f"a GPU budget of {self.gpu_budget} cannot hold the decode pool's minimum")
-        if self.zero_prefill_below > self.prefill_back_above:
-            raise ValueError("zero_prefill_below must be <= prefill_back_above (hysteresis)")
 
 
 @dataclass(frozen=True)
@@ -319,16 +318,7 @@ class Planner:
         bounds_p = s.prefill
         current_p = obs.prefill.replicas
         p_reason = ""
-        if bounds_p.min_replicas == 0 and (
-            (current_p == 0 and p_share < s.prefill_back_above)
-            or (current_p > 0 and p_share < s.zero_prefill_below)
-        ):
-            wanted_p = 0
-            p_reason = PREFILL_TO_ZERO if current_p > 0 else STEADY
-        else:
-            wanted_p = max(1, math.ceil(p_share - 1e-9)) if p_share > 0 or bounds_p.min_replicas > 0 else 0
-            if current_p == 0 and wanted_p > 0:
-                p_reason = PREFILL_BACK
+        wanted_p = max(1, math.ceil(p_share - 1e-9))  # with a prefill pool; zero is weighed below
         if p_over and wanted_p <= current_p and current_p > 0:
             wanted_p, p_reason = current_p + 1, LATENCY_GUARD
 
@@ -387,6 +377,23 @@ class Planner:
             * d_state.latency_factor
         )
         d_burst = (self._burst("decode", obs.direct) + delta * generated) * d_state.correction
+        if bounds_p.min_replicas == 0 and p_reason != LATENCY_GUARD:
+            # Without a prefill pool the decode pods prefill its prompts too, at the decode pods' capacity
+            # (held down by the ITL target); keep the pool only where that costs more replicas in all.
+            # Hysteresis: the pool goes only when zero is strictly cheaper, comes back only when it is.
+            with_pool = wanted_p + max(1, math.ceil(d_forecast / d_cap - 1e-9), math.ceil(d_burst - 1e-9))
+            without = max(
+                1, math.ceil((d_forecast + p_forecast) / d_cap - 1e-9), math.ceil(d_burst + p_burst - 1e-9)
+            )
+            if (
+                without < with_pool
+                or (current_p == 0 and without <= with_pool)
+                or p_share < s.zero_prefill_below
+            ):
+                wanted_p = 0
+                p_reason = PREFILL_TO_ZERO if current_p > 0 else STEADY
+            elif current_p == 0:
+                p_reason = PREFILL_BACK
         if wanted_p == 0:
             d_forecast += p_forecast  # no prefill pool: the decode pods prefill what it would have
             d_burst += p_burst
@@ -395,6 +402,8 @@ class Planner:
         wanted_d = max(1, math.ceil(d_forecast / d_cap - 1e-9), math.ceil(d_burst - 1e-9), kv_replicas)
         d_reason = ""
         current_d = obs.decode.replicas
+        if wanted_p > 0 and prefill_ready == 0 and wanted_d < current_d:
+            wanted_d = current_d  # the decode pods prefill everything until a prefill pod is up
         if d_over and wanted_d <= current_d:
             wanted_d, d_reason = current_d + 1, LATENCY_GUARD
 
