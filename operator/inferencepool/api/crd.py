@@ -165,6 +165,13 @@ def _printer_columns() -> list[dict[str, Any]]:
         },
         {"name": "Policy", "type": "string", "jsonPath": ".spec.router.policy", "priority": 1},
         {"name": "Endpoint", "type": "string", "jsonPath": ".status.router.endpoint", "priority": 1},
+        {
+            "name": "Bottleneck",
+            "type": "string",
+            "jsonPath": ".status.bottleneck.phase",
+            "priority": 1,
+            "description": "the limiting phase over the last window (describe: the Bottleneck condition)",
+        },
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 

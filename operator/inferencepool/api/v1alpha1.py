@@ -98,6 +98,9 @@ CONDITION_PROGRESSING: Final = "Progressing"
 CONDITION_DEGRADED: Final = "Degraded"
 # True while an autoscaler wants more replicas than maxReplicas allows, i.e. the latency target is at risk.
 CONDITION_SCALING_LIMITED: Final = "ScalingLimited"
+# True while one phase limits the pool (status.bottleneck: the operator's diagnosis of its own metrics), False
+# while every target is met, Unknown while the window holds too little traffic to judge.
+CONDITION_BOTTLENECK: Final = "Bottleneck"
 
 
 class SpecModel(BaseModel):
@@ -1115,7 +1118,7 @@ def _kubernetes_time(value: datetime) -> str:
 class Condition(StatusModel):
     """One aspect of the pool's state (Kubernetes metav1.Condition)."""
 
-    type: str = Field(min_length=1, description="Ready, Progressing, Degraded or ScalingLimited.")
+    type: str = Field(min_length=1, description="Ready, Progressing, Degraded, ScalingLimited or Bottleneck.")
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(
         min_length=1,
@@ -1201,6 +1204,36 @@ class RouterStatus(StatusModel):
     )
 
 
+class BottleneckStatus(StatusModel):
+    """Which phase limits the pool over the last window, diagnosed from the metrics the autoscaler reads
+    (`inferencepool diagnose` prints the whole report, with the evidence and the what-if)."""
+
+    phase: str = Field(
+        min_length=1,
+        description=(
+            "Prefill, Decode, Interference (prefills stalling decode batches), KVTransfer, None (every "
+            "target met) or Unknown (too little traffic in the window to judge)."
+        ),
+    )
+    reason: str = Field(
+        min_length=1,
+        description=(
+            "The Bottleneck condition's reason: PrefillBound, DecodeBound, PrefillDecodeInterference, "
+            "KVTransferBound, WithinTargets or NotEnoughTraffic."
+        ),
+    )
+    summary: str = Field(default="", description="The verdict in one line.")
+    advice: list[str] = Field(
+        default_factory=list, max_length=3, description="What fits, most useful first (at most three)."
+    )
+    recommended_threshold_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="The prefill threshold the measured prompt lengths and both pools' headroom ask for.",
+    )
+    window_seconds: int | None = Field(default=None, ge=0, description="The window the diagnosis read.")
+
+
 class StatusDisplay(StatusModel):
     """Figures formatted for `kubectl get` columns (a printer column is one JSONPath: it cannot compute)."""
 
@@ -1218,12 +1251,15 @@ class InferencePoolStatus(StatusModel):
     )
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Ready, Progressing, Degraded and ScalingLimited, one entry per type.",
+        description="Ready, Progressing, Degraded, ScalingLimited and Bottleneck, one entry per type.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     prefill: PoolStatus | None = Field(default=None, description="The prefill pool.")
     decode: PoolStatus | None = Field(default=None, description="The decode pool.")
     router: RouterStatus | None = Field(default=None, description="The router.")
+    bottleneck: BottleneckStatus | None = Field(
+        default=None, description="The phase that limits the pool, from its own metrics (get -o wide)."
+    )
     display: StatusDisplay | None = Field(default=None, description="Figures formatted for kubectl get.")
 
     def condition(self, condition_type: str) -> Condition | None:

@@ -24,10 +24,12 @@ from inferencepool.builders import PoolRef, router_endpoint
 from inferencepool.controller.context import OperatorContext, PoolMemory
 from inferencepool.controller.events import post_event, post_ref_event
 from inferencepool.controller.status import (
+    Bottleneck,
     ConditionValue,
     Observed,
     WorkloadKey,
     WorkloadState,
+    bottleneck_of,
     compute_status,
     invalid_status_document,
     status_differs,
@@ -169,7 +171,17 @@ class PoolObserver:
             if limits is None
             else ConditionValue("True" if limits.limited else "False", limits.reason, limits.message)
         )
-        return status_document(pool, status, self._scaler.status_document(), limited, now)
+        figures = self._scaler.status_document()
+        return status_document(pool, status, figures, limited, now, self._bottleneck(pool))
+
+    def _bottleneck(self, pool: InferencePool) -> Bottleneck | None:
+        """The diagnosis of the pages the autoscaler kept over its window (None: the last one stands)."""
+        assert self._scaler is not None
+        try:
+            return bottleneck_of(pool, self._scaler.readings())
+        except Exception:  # a diagnosis that fails must not stop the status being written
+            log.exception("bottleneck diagnosis of %s/%s failed", pool.namespace(), pool.name())
+            return None
 
     def _observed(self, pool: InferencePool) -> Observed:
         """The pool's workloads from the kopf indices; those the last apply stored where the indices have

@@ -9,16 +9,21 @@ pool's daemon writes (one writer, one field manager):
   conditions, per-pool replica figures, the router endpoint (what reconciles and workloads say);
 - the autoscaler's figures (observed latency, the last scaling decision, the router's split and live
   threshold) and the ScalingLimited condition;
+- `bottleneck_of`: the diagnosis (inferencepool.diagnosis) of the pages the autoscaler read over its window,
+  as status.bottleneck and the Bottleneck condition;
 - the strings `kubectl get` shows, formatted last from the merged figures.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
 from inferencepool.api.v1alpha1 import (
+    CONDITION_BOTTLENECK,
     CONDITION_DEGRADED,
     CONDITION_PROGRESSING,
     CONDITION_READY,
@@ -30,6 +35,11 @@ from inferencepool.api.v1alpha1 import (
     PoolStatus,
     RouterStatus,
 )
+from inferencepool.autoscaler.histogram import Page
+from inferencepool.diagnosis.core import diagnose
+from inferencepool.diagnosis.settings import settings_from_pool
+from inferencepool.diagnosis.status import bottleneck_condition, bottleneck_status
+from inferencepool.diagnosis.window import PodPage, PodRole, Snapshot, WindowError, window
 
 WorkloadKey = Literal["prefill", "decode", "router", "lmcache-controller"]
 OPERATOR_CONDITIONS = (CONDITION_READY, CONDITION_PROGRESSING, CONDITION_DEGRADED)
@@ -242,6 +252,7 @@ def compute_status(
         prefill=pool_status(pool, "prefill", observed.get("prefill"), previous.prefill),
         decode=pool_status(pool, "decode", observed.get("decode"), previous.decode),
         router=_router_status(pool, observed.get("router"), previous.router, endpoint),
+        bottleneck=previous.bottleneck,  # the diagnosis' (status_document): carried until it reads again
     )
     for condition_type, value in (
         (CONDITION_READY, ready_condition(pool, observed)),
@@ -275,6 +286,7 @@ def operator_status_document(pool: InferencePool, status: InferencePoolStatus) -
     `compute_status` only carries over from the previous status) and without ScalingLimited."""
     document = status.model_dump(mode="json", by_alias=True, exclude_none=True)
     document["conditions"] = [c for c in document.get("conditions", []) if c["type"] in OPERATOR_CONDITIONS]
+    document.pop("bottleneck", None)
     for role in POOL_ROLES:
         figures = document.get(role)
         if figures is not None:
@@ -315,10 +327,12 @@ def status_document(
     figures: dict[str, Any],
     limited: ConditionValue | None,
     now: datetime,
+    bottleneck: Bottleneck | None = None,
 ) -> dict[str, Any]:
     """The whole status, as written: `status` (from compute_status) without the figures it carried over,
-    the autoscaler's `figures` (its status_document) and ScalingLimited (None: nothing autoscales), with the
-    `kubectl get` strings formatted from the merged figures. Pure."""
+    the autoscaler's `figures` (its status_document), ScalingLimited (None: nothing autoscales) and the
+    diagnosis (None: no window read yet, so the last one written stands), with the `kubectl get` strings
+    formatted from the merged figures. Pure."""
     document = _merged(operator_status_document(pool, status), figures)
     if limited is not None:
         carrier = InferencePoolStatus(
@@ -326,8 +340,67 @@ def status_document(
         )
         carrier.set_condition(CONDITION_SCALING_LIMITED, limited.status, limited.reason, limited.message, now)
         document["conditions"] += [_dumped(c) for c in carrier.conditions]
+    carried = [c for c in status.conditions if c.type == CONDITION_BOTTLENECK]
+    if bottleneck is not None:
+        carrier = InferencePoolStatus(conditions=carried)
+        value = bottleneck.condition
+        carrier.set_condition(CONDITION_BOTTLENECK, value.status, value.reason, value.message, now)
+        document["conditions"] += [_dumped(c) for c in carrier.conditions]
+        document["bottleneck"] = bottleneck.document
+    elif status.bottleneck is not None:
+        document["conditions"] += [_dumped(c) for c in carried]
+        document["bottleneck"] = _dumped(status.bottleneck)
     merged = InferencePoolStatus.model_validate(document).with_display()
     return merged.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+@dataclass(frozen=True)
+class Bottleneck:
+    """What the diagnosis writes: status.bottleneck (as stored) and the Bottleneck condition."""
+
+    document: dict[str, Any]
+    condition: ConditionValue
+
+
+# A reading of the autoscaler (autoscaler/runner.py): when, and each pod's page as (role, pod, page).
+Reading = tuple[float, Sequence[tuple[str, str, Page]]]
+
+
+def bottleneck_of(
+    pool: InferencePool, readings: Sequence[Reading], window_seconds: float = math.inf
+) -> Bottleneck | None:
+    """The diagnosis of the longest stretch of `readings` (oldest first) within `window_seconds`: the first
+    and last make the window, those between give the gauges (queue, batch, KV cache). None until two
+    readings span a window; Unknown (NoMetrics) when no pod's page was read. Pure."""
+    if len(readings) < 2:
+        return None
+    end = readings[-1][0]
+    span = [reading for reading in readings if reading[0] >= end - window_seconds]
+    if len(span) < 2:
+        return None
+    snapshots = [
+        Snapshot(at, tuple(PodPage(pod, _pod_role(role), page) for role, pod, page in pages))
+        for at, pages in span
+    ]
+    try:
+        measured = window(snapshots[0], snapshots[-1], snapshots[1:-1])
+    except WindowError as error:
+        message = f"no pod's metrics could be read over the last {end - span[0][0]:.0f} s ({error})"
+        document = {"phase": "Unknown", "reason": "NoMetrics", "summary": message, "advice": []}
+        return Bottleneck(document, ConditionValue("Unknown", "NoMetrics", message))
+    found = {role: sum(p.role == role for p in snapshots[-1].pages) for role in POOL_ROLES}
+    settings = settings_from_pool(pool, {role: count for role, count in found.items() if count})
+    diagnosis = diagnose(measured, settings)
+    _, status, reason, message = bottleneck_condition(diagnosis)
+    condition = ConditionValue(status, reason, message)
+    return Bottleneck(bottleneck_status(diagnosis, measured.seconds), condition)
+
+
+def _pod_role(role: str) -> PodRole:
+    roles: dict[str, PodRole] = {"prefill": "prefill", "decode": "decode", "router": "router"}
+    if role not in roles:
+        raise ValueError(f"a reading's role must be prefill, decode or router, not {role!r}")
+    return roles[role]
 
 
 def invalid_status_document(

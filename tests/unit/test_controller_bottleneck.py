@@ -1,0 +1,146 @@
+"""The bottleneck in the status the operator writes: the autoscaler's readings (real fake-engine and router
+pages) in, status.bottleneck, the Bottleneck condition and the `-o wide` column out. No cluster needed."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from tests.unit.builders_examples import load_pool
+from tests.unit.test_diagnosis_window import Engine, Router
+
+from inferencepool.api import crd
+from inferencepool.api.v1alpha1 import InferencePool, InferencePoolStatus
+from inferencepool.autoscaler.histogram import parse_page
+from inferencepool.controller.status import (
+    Bottleneck,
+    Observed,
+    ReconcileOutcome,
+    WorkloadState,
+    bottleneck_of,
+    compute_status,
+    status_document,
+)
+from inferencepool.router.policy import Route
+
+NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+Reading = tuple[float, tuple[tuple[str, str, Any], ...]]
+
+
+class Pool:
+    """One prefill engine, one decode engine and a router, read as the autoscaler reads them."""
+
+    def __init__(self) -> None:
+        self.prefill, self.decode, self.router = Engine(), Engine(), Router()
+
+    def reading(self, at: float) -> Reading:
+        pages = (
+            ("prefill", "demo-prefill-0", self.prefill.page()),
+            ("decode", "demo-decode-0", self.decode.page()),
+            ("router", "demo-router-0", self.router.page()),
+        )
+        return at, tuple((role, pod, parse_page(text)) for role, pod, text in pages)
+
+    def long_prompts(self, requests: int) -> None:
+        """Slow first tokens (2 s against 800 ms) of long prompts through the prefill pool, fast streaming."""
+        for _ in range(requests):
+            self.prefill.serve(2.0, [], 6000, 1)
+            self.router.route(Route.DISAGGREGATED, 6000, 2.1, [0.02] * 8)
+            self.decode.serve(0.05, [0.02] * 8, 6000, 9, cached=6000)
+
+    def long_outputs(self, requests: int) -> None:
+        """Short prompts straight to decode, fast first tokens, slow streaming (90 ms against 40 ms)."""
+        for _ in range(requests):
+            self.router.route(Route.DIRECT, 20, 0.1, [0.09] * 60)
+            self.decode.serve(0.1, [0.09] * 60, 20, 61)
+
+
+def compose(pool: InferencePool, bottleneck: Bottleneck | None, now: datetime = NOW) -> dict[str, Any]:
+    state = WorkloadState("StatefulSet", "x", 1, 1, 1, 1, 1, 1, "r1", "r1")
+    observed = Observed(
+        {"prefill": state, "decode": state, "router": WorkloadState("Deployment", "r", 1, 1, 1, 1, 1, 1)}
+    )
+    status = compute_status(pool, 1, ReconcileOutcome(1), observed, "http://demo.default.svc", now)
+    return status_document(pool, status, {}, None, now, bottleneck)
+
+
+def condition(document: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in document["conditions"] if c["type"] == "Bottleneck")
+
+
+def test_long_prompts_make_the_status_say_prefill_and_long_outputs_say_decode() -> None:
+    pool = load_pool("demo-cpu.yaml")
+    engines = Pool()
+    start = engines.reading(0)
+    engines.long_prompts(30)
+    prefill = bottleneck_of(pool, [start, engines.reading(15), engines.reading(30)])
+    assert prefill is not None
+    document = compose(pool, prefill)
+    assert document["bottleneck"]["phase"] == "Prefill"
+    assert document["bottleneck"]["reason"] == "PrefillBound"
+    assert document["bottleneck"]["windowSeconds"] == 30
+    assert 1 <= len(document["bottleneck"]["advice"]) <= 3
+    assert (condition(document)["status"], condition(document)["reason"]) == ("True", "PrefillBound")
+    assert condition(document)["message"].startswith("first token slow, streaming fast")
+    # What is written reads back through the API model (the CRD schema is generated from it).
+    stored = InferencePoolStatus.model_validate(document)
+    assert stored.bottleneck is not None and stored.bottleneck.phase == "Prefill"
+
+    engines = Pool()
+    start = engines.reading(100)
+    engines.long_outputs(30)
+    decode = bottleneck_of(pool, [start, engines.reading(130)])
+    assert decode is not None
+    assert compose(pool, decode)["bottleneck"]["phase"] == "Decode"
+    assert condition(compose(pool, decode))["reason"] == "DecodeBound"
+
+
+def test_the_window_is_the_readings_within_it_and_quiet_pools_are_unknown() -> None:
+    pool = load_pool("demo-cpu.yaml")
+    engines = Pool()
+    assert bottleneck_of(pool, []) is None
+    assert bottleneck_of(pool, [engines.reading(0)]) is None  # one reading is no window
+    old = engines.reading(0)
+    engines.long_prompts(30)  # all of it before the window below
+    recent = [engines.reading(50), engines.reading(60)]
+    quiet = bottleneck_of(pool, [old, *recent], window_seconds=30)
+    assert quiet is not None
+    assert quiet.document["phase"] == "Unknown" and quiet.document["windowSeconds"] == 10
+    assert (quiet.condition.status, quiet.condition.reason) == ("Unknown", "NotEnoughTraffic")
+    whole = bottleneck_of(pool, [old, *recent])  # no limit: from the oldest reading
+    assert whole is not None and whole.document["phase"] == "Prefill"
+    gone = bottleneck_of(pool, [(0.0, ()), (10.0, ())])  # no pod answered
+    assert gone is not None and (gone.document["phase"], gone.condition.reason) == ("Unknown", "NoMetrics")
+
+
+def test_the_last_diagnosis_stands_until_a_new_window_is_read() -> None:
+    pool = load_pool("demo-cpu.yaml")
+    engines = Pool()
+    start = engines.reading(0)
+    engines.long_prompts(30)
+    first = compose(pool, bottleneck_of(pool, [start, engines.reading(30)]))
+    pool.status = InferencePoolStatus.model_validate(first)
+    later = NOW + timedelta(minutes=5)
+    carried = compose(pool, None, later)  # e.g. just after an operator restart: nothing read yet
+    assert carried["bottleneck"] == first["bottleneck"]
+    assert condition(carried) == condition(first)
+    # Still True with another reason: the transition time stays; False moves it.
+    engines = Pool()
+    start = engines.reading(0)
+    engines.long_outputs(30)
+    decode = compose(pool, bottleneck_of(pool, [start, engines.reading(30)]), later)
+    assert condition(decode)["reason"] == "DecodeBound"
+    assert condition(decode)["lastTransitionTime"] == condition(first)["lastTransitionTime"]
+    # A pool never diagnosed has neither the field nor the condition.
+    fresh = load_pool("demo-cpu.yaml")
+    document = compose(fresh, None)
+    assert "bottleneck" not in document
+    assert all(c["type"] != "Bottleneck" for c in document["conditions"])
+
+
+def test_kubectl_get_wide_shows_the_phase() -> None:
+    columns = crd.custom_resource_definition()["spec"]["versions"][0]["additionalPrinterColumns"]
+    column = next(c for c in columns if c["name"] == "Bottleneck")
+    assert column["jsonPath"] == ".status.bottleneck.phase" and column["priority"] == 1
+    status = crd.open_api_schema()["properties"]["status"]
+    assert "phase" in status["properties"]["bottleneck"]["properties"]
