@@ -3,10 +3,13 @@ static-peak pool."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
+from inferencepool.cli import main
 from inferencepool.engine_sim.profiles import get_profile
 from inferencepool.sim import search, workload
 from inferencepool.sim.cluster import Scenario
@@ -91,3 +94,16 @@ def test_peak_slice_is_the_busiest_window_and_what_came_before() -> None:
     sliced = search.peak_slice(trace, window_seconds=300, before_seconds=120)
     assert sliced[0].arrival == 0.0 and sliced[-1].arrival < 420  # 480..900 re-based to 0..420
     assert len(sliced) == len([r for r in trace if 480 <= r.arrival < 900])
+
+
+def test_cli_goodput_and_static_peak(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "gp"
+    args = ["sim", "--max-requests", "60", "--replicas", "2", "--out", str(out), "--no-plots"]
+    assert main([*args, "--goodput", "--splits", "--scenarios", "colocated,static-pd,planner"]) == 0
+    printed = capsys.readouterr()
+    assert "planner: skipped" in printed.err and "vs best of coloc/P-D" in printed.out
+    document = json.loads((out / "goodput.json").read_text())
+    assert [g["scenario"] for g in document["goodput"]] == ["colocated", "static-pd"]  # 1:1 is the only split
+    assert main([*args, "--scenarios", "static-peak,planner", "--load", "diurnal", "--duration", "120"]) == 0
+    printed = capsys.readouterr()
+    assert "static-peak " in printed.out and "vs peak" in printed.out and "static 0P+1D" in printed.err

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from inferencepool.engine_sim.profiles import EngineProfile
-    from inferencepool.router.config import RoutingPolicy
     from inferencepool.sim.cluster import Scenario
     from inferencepool.sim.compare import Budget
     from inferencepool.sim.report import Slo
@@ -153,7 +152,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     searched.add_argument(
         "--splits",
         action="store_true",
-        help="with --goodput: also search every P:D split of --replicas for static-pd and length-aware",
+        help="with --goodput: also search every P:D split of --replicas for each P/D scenario",
     )
     searched.add_argument(
         "--peak-window",
@@ -383,31 +382,28 @@ def _goodput(
         found.append(result)
         print(f"  {scenario.name}: {time.monotonic() - clock:.1f} s wall", file=sys.stderr, flush=True)
     if args.splits:
-        policies: tuple[tuple[RoutingPolicy, int], ...] = (
-            ("AlwaysDisaggregate", 0),
-            ("LengthAware", budget.threshold_tokens),
-        )
-        for policy, threshold in policies:
+        for base in scenarios:
+            if base.policy == "Colocated" or base.autoscaling is not None or base.planner is not None:
+                continue
             clock = time.monotonic()
 
-            def layout(
-                prefill: int, decode: int, policy: RoutingPolicy = policy, threshold: int = threshold
-            ) -> Scenario:
-                return Scenario(
-                    f"{policy} {prefill}P:{decode}D",
-                    policy,
-                    prefill,
-                    decode,
-                    threshold or budget.threshold_tokens,
-                    prefill_chunk_tokens=budget.prefill_chunk_tokens,
-                    decode_chunk_tokens=budget.decode_chunk_tokens,
+            def layout(prefill: int, decode: int, base: Scenario = base) -> Scenario:
+                return dataclasses.replace(
+                    base,
+                    name=f"{base.name} {prefill}P:{decode}D",
+                    prefill_replicas=prefill,
+                    decode_replicas=decode,
                 )
 
             _, every = search.best_split(
                 layout, budget.replicas, profile, requests, slo, kv_link_bytes_per_s=link
             )
-            found.extend(every)
-            print(f"  {policy} splits: {time.monotonic() - clock:.1f} s wall", file=sys.stderr, flush=True)
+            found.extend(
+                g
+                for g in every
+                if g.scenario != f"{base.name} {base.prefill_replicas}P:{base.decode_replicas}D"
+            )
+            print(f"  {base.name} splits: {time.monotonic() - clock:.1f} s wall", file=sys.stderr, flush=True)
     print()
     print(report.goodput_table(found))
     report.write_json(out / "goodput.json", report.goodput_json(found, settings))
