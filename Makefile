@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: demo test lint typecheck unit crd bench clean deploy-manifests chart-check observability
+.PHONY: demo test system-tools lint typecheck unit crd bench clean deploy-manifests chart-check observability
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,7 +18,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/inferencepool demo
 
-test: $(STAMP)
+# Debian packages the tests run for real: a Prometheus server and promtool (dashboards, alerts), Lua (the Argo CD
+# health check). Installed when missing, as root or through sudo.
+SYSTEM_TOOLS := prometheus:prometheus promtool:prometheus lua5.4:lua5.4
+system-tools:
+	@missing=$$(for t in $(SYSTEM_TOOLS); do command -v $${t%%:*} >/dev/null || echo $${t#*:}; done | sort -u); \
+	if [ -n "$$missing" ]; then \
+	  sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); echo "installing $$missing"; \
+	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+test: $(STAMP) system-tools
 	$(BIN)/ruff check operator tests
 	$(BIN)/ruff format --check operator tests
 	$(BIN)/mypy
