@@ -19,8 +19,8 @@ demo: $(STAMP)
 	$(BIN)/inferencepool demo
 
 # Debian packages the tests run for real: a Prometheus server and promtool (dashboards, alerts), Lua (the Argo CD
-# health check). Installed when missing, as root or through sudo.
-SYSTEM_TOOLS := prometheus:prometheus promtool:prometheus lua5.4:lua5.4
+# health check: 5.1 as Argo CD embeds, and 5.4). Installed when missing, as root or through sudo.
+SYSTEM_TOOLS := prometheus:prometheus promtool:prometheus lua5.1:lua5.1 lua5.4:lua5.4
 system-tools:
 	@missing=$$(for t in $(SYSTEM_TOOLS); do command -v $${t%%:*} >/dev/null || echo $${t#*:}; done | sort -u); \
 	if [ -n "$$missing" ]; then \
