@@ -3,7 +3,9 @@
 Starts the local control plane (built from Go modules on first use), installs the CRD, runs the operator,
 applies examples/demo-cpu.yaml (fake engines with an H100 timing profile), waits until the pool is Ready, then
 sends a short and a long prompt through the pool's router and shows which route each took, its TTFT, and
-`kubectl get pdpool`. Everything it started is stopped at the end unless --keep.
+`kubectl get pdpool`; then loads the pool until the operator reports each pool's latency and the bottleneck,
+and ends with `inferencepool diagnose` on that traffic (the evidence, and the simulator's what-if).
+Everything it started is stopped at the end unless --keep.
 """
 
 from __future__ import annotations
@@ -112,9 +114,11 @@ def show_autoscaler(
     model: str,
     prompts: list[str],
     timeout: float,
+    kubeconfig: Path,
 ) -> None:
-    """Keep both pools busy until the autoscaler has read each one's latency from the engines' histograms."""
-    say("load from 6 clients until the operator reports each pool's latency and the router's split")
+    """Keep both pools busy until the autoscaler has read each one's latency from the engines' histograms and
+    the operator has diagnosed the bottleneck, then run `inferencepool diagnose` on the same traffic."""
+    say("load from 6 clients until the operator reports each pool's latency, routing split and bottleneck")
     stop = threading.Event()
 
     def client(index: int) -> None:
@@ -131,20 +135,49 @@ def show_autoscaler(
 
     def all_read(status: dict[str, Any]) -> bool:
         pools_read = all("observedMilliseconds" in (status.get(role) or {}) for role in ("prefill", "decode"))
-        return pools_read and "disaggregatedPercent" in (status.get("router") or {})
+        diagnosed = (status.get("bottleneck") or {}).get("phase", "Unknown") != "Unknown"
+        return pools_read and diagnosed and "disaggregatedPercent" in (status.get("router") or {})
 
     try:
         wait_for(
-            "the autoscaler's first readings and the router's split",
+            "the autoscaler's first readings, the router's split and the bottleneck",
             lambda: all_read(figures()),
             timeout,
             lambda: kubectl("get", "pdpool", pool_name, "-n", namespace, "--no-headers").strip(),
         )
+        status = figures()
+        show_readings(status)
+        print(kubectl("get", "pdpool", "-n", namespace, "-o", "wide"))
+        diagnose(namespace, pool_name, kubeconfig)
     finally:
         stop.set()
         for thread in threads:
             thread.join(130)
-    status = figures()
+
+
+DIAGNOSE_SECONDS = 15
+
+
+def diagnose(namespace: str, pool_name: str, kubeconfig: Path) -> None:
+    """`inferencepool diagnose` on the traffic running now: the command a user runs, as they run it."""
+    command = ["inferencepool", "diagnose", pool_name, "-n", namespace, "--seconds", str(DIAGNOSE_SECONDS)]
+    command += ["--what-if-seconds", "60"]
+    say(f"{' '.join(command)}: the evidence, and the what-if on this traffic")
+    result = subprocess.run(
+        [sys.executable, "-m", *command],
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        capture_output=True,
+        text=True,
+        timeout=DIAGNOSE_SECONDS + 120,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"inferencepool diagnose failed: {(result.stderr or result.stdout).strip()}")
+    print(result.stdout, end="", flush=True)
+
+
+def show_readings(status: dict[str, Any]) -> None:
+    """What the operator wrote: each pool's latency and last scaling, the router's split, the bottleneck."""
     for role, metric in (("prefill", "TTFT"), ("decode", "ITL")):
         pool = status[role]
         last = pool.get("lastScaling")
@@ -160,6 +193,13 @@ def show_autoscaler(
     print(
         f"    router: {share}% of recent requests went through the prefill pool (the rest straight to decode)"
     )
+    bottleneck = status["bottleneck"]
+    print(
+        f"    operator: bottleneck {bottleneck['phase']} ({bottleneck['reason']}) over the last "
+        f"{bottleneck.get('windowSeconds', '?')} s: {bottleneck['summary']}"
+    )
+    for advice in bottleneck.get("advice", []):
+        print(f"      - {advice}")
 
 
 def stream_chat(base_url: str, model: str, prompt: str, max_tokens: int) -> StreamResult:
@@ -273,8 +313,9 @@ def run(args: argparse.Namespace) -> int:
                 f"{result.chunks} chunks in {result.total_s * 1000:7.1f} ms"
             )
         say("the long prompt took prefill -> KV transfer -> decode; the short one went straight to decode")
-        show_autoscaler(kubectl, namespace, pool_name, base_url, model, list(prompts.values()), args.timeout)
-        print(kubectl("get", "pdpool", "-n", namespace))
+        show_autoscaler(
+            kubectl, namespace, pool_name, base_url, model, list(prompts.values()), args.timeout, kubeconfig
+        )
         return 0
     finally:
         if args.keep:

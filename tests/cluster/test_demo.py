@@ -45,6 +45,10 @@ def test_demo_routes_short_prompts_direct_and_long_ones_through_prefill(
     # Half the demo's load is long prompts: the router's split, read from its metrics, lands in status.
     split = next(line for line in output.splitlines() if "went through the prefill pool" in line)
     assert 20 <= int(split.split("router: ")[1].split("%")[0]) <= 80, split
+    # The operator diagnosed the bottleneck of that traffic, and the demo ends with `inferencepool diagnose`.
+    assert any(line.startswith("    operator: bottleneck ") for line in output.splitlines()), output
+    report = output[output.index(f"pool {namespace}/demo: bottleneck ") :]
+    assert "what-if: this window's traffic replayed in the simulator" in report, output
     # The demo leaves a running cluster up, but removes its pool and stops its operator.
     assert cluster.kubectl("get", "pdpool", "-n", namespace, "-o", "name").stdout.strip() == ""
     assert cluster.kubectl("get", "--raw", "/readyz").returncode == 0
