@@ -104,9 +104,7 @@ class PlannerSettings:
     latency_factor_max: float = 3.0
     scale_down_delay_seconds: float = 60.0
     scale_down_margin: float = 0.1  # scale down only if the pool would still fit this much more demand
-    itl_fill: float = (
-        0.9  # size decode for this share of the ITL target (requests' TPOT spreads around the mean)
-    )
+    itl_fill: float = 1.0  # size decode for this share of the ITL target (< 1: room for the TPOT spread)
     trend_seconds: float = 300.0
     peak_seconds: float = 120.0
     burst_window_seconds: float = 2.0  # what the router's burst_work_seconds counts over
