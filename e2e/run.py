@@ -66,14 +66,21 @@ def run(argv: list[str], *, env: dict[str, str] | None = None, input_text: str |
     return result.stdout
 
 
-def eventually(what: str, check: Callable[[], Any], timeout: float, every: float = 2.0) -> Any:
+def eventually(
+    what: str,
+    check: Callable[[], Any],
+    timeout: float,
+    every: float = 2.0,
+    explain: Callable[[], str] | None = None,
+) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            detail = f"\n{explain()}" if explain is not None else ""
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
         time.sleep(every)
 
 
@@ -204,6 +211,9 @@ class LocalProvider(Provider):
         # Services get no endpoints for loopback pod IPs here: go to the router pod (as the router does).
         selector = f"{labels.LABEL_POOL}={pool},{labels.LABEL_ROLE}=router"
         pods = cluster.json("get", "pods", "-n", namespace, "-l", selector)["items"]
+        # Newest first, none that is going away: after a rollout the old pod may still look Ready for a while.
+        pods = [pod for pod in pods if not pod["metadata"].get("deletionTimestamp")]
+        pods.sort(key=lambda pod: str(pod["metadata"].get("creationTimestamp", "")), reverse=True)
         urls = [url for pod in pods if is_ready(pod) and (url := http_url(pod)) is not None]
         if not urls:
             raise AssertionError(f"no ready router pod for {namespace}/{pool}")
@@ -214,11 +224,13 @@ class LocalProvider(Provider):
     ) -> localprom.LocalPrometheus:
         # Debian's Prometheus is built without Kubernetes discovery: the pods are listed here and handed to it
         # as a file, with the labels Kubernetes discovery gives (the PodMonitors' relabelling reads those).
-        (workdir / "prometheus").mkdir(exist_ok=True)
-        pods_file = workdir / "prometheus" / "pods.json"
-        self.discovery = localprom.PodDiscovery(pods_file, lambda: cluster.json("get", "pods", "-A")["items"])
-        configs = localprom.cluster_scrape_configs(pods_file, "2s", operator_metrics)
-        return localprom.start(workdir / "prometheus", configs)
+        prometheus, self.discovery = localprom.start_for_cluster(
+            workdir / "prometheus",
+            lambda: cluster.json("get", "pods", "-A")["items"],
+            operator_metrics,
+            interval="2s",
+        )
+        return prometheus
 
     def stop_prometheus(self) -> None:
         if self.discovery is not None:
@@ -580,13 +592,21 @@ def check_routing_scaling_and_dashboard(
     def scaled_up() -> dict[str, Any] | None:
         status = cluster.json("get", "pdpool", pool, "-n", namespace).get("status") or {}
         last = status.get("decode", {}).get("lastScaling")
-        return last if last and last["reason"] == "TargetExceeded" else None
+        return last if last and last["replicas"] > last["fromReplicas"] else None
 
     with load(lambda: provider.router_url(cluster, namespace, pool), model):
-        last = eventually("decode scaled up on its ITL (lastScaling TargetExceeded)", scaled_up, timeout)
+
+        def explain() -> str:
+            return cluster.kubectl("get", "pdpool,pods", "-n", namespace, "-o", "wide") + json.dumps(
+                cluster.json("get", "pdpool", pool, "-n", namespace).get("status"), indent=1
+            )
+
+        last = eventually("decode scaled up (status.decode.lastScaling)", scaled_up, timeout, explain=explain)
         statefulset = cluster.json("get", "statefulset", f"{pool}-decode", "-n", namespace)
         assert statefulset["spec"]["replicas"] >= last["replicas"] > last["fromReplicas"], last
-        print(f"    decode {last['fromReplicas']} -> {last['replicas']}: {last['message']}")
+        print(
+            f"    decode {last['fromReplicas']} -> {last['replicas']} ({last['reason']}): {last['message']}"
+        )
 
         say("the dashboard's queries and the alert rules, on what Prometheus scraped")
         problems = localprom.dashboard_problems(prometheus, namespace, pool, NO_DATA_EXPECTED, 120)

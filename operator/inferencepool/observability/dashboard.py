@@ -174,8 +174,9 @@ ROWS: Final = (
             ),
             Panel(
                 "Autoscaler's last decision",
-                "The reason of each role's last decision (TargetExceeded, BelowTarget, WithinTolerance, "
-                "NoTraffic, WaitingForReplicas, Stabilizing, OutOfBounds).",
+                "The reason of each role's last scaling decision (e.g. TargetExceeded, BelowTarget, "
+                "NoTraffic, ForecastUp, ForecastDown, LatencyGuard, ScalingLimited); kubectl describe pdpool "
+                "has the figures behind it.",
                 (
                     Query(
                         f"max by (role, reason) ({op.SCALING_DECISION}{sel()}) == 1", "{{role}}: {{reason}}"

@@ -226,3 +226,25 @@ class PodDiscovery:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(10)
+
+
+def start_for_cluster(
+    workdir: Path,
+    list_pods: Callable[[], list[dict[str, Any]]],
+    operator_target: str | None = None,
+    interval: str = "5s",
+    port: int | None = None,
+) -> tuple[LocalPrometheus, PodDiscovery]:
+    """Prometheus on loopback scraping a cluster's pools (pods listed by `list_pods`, every 2 s) and the
+    operator at `operator_target`, with the alert rules; stop both with `.stop()`. For `inferencepool demo`
+    and the e2e scenario on the local control plane."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    discovery = PodDiscovery(workdir / "pods.json", list_pods)
+    try:
+        prometheus = start(
+            workdir, cluster_scrape_configs(workdir / "pods.json", interval, operator_target), port=port
+        )
+    except BaseException:
+        discovery.stop()
+        raise
+    return prometheus, discovery
