@@ -4,14 +4,15 @@ pages) in, status.bottleneck, the Bottleneck condition and the `-o wide` column 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from tests.unit.builders_examples import load_pool
 from tests.unit.test_diagnosis_window import Engine, Router
 
-from inferencepool.api import crd
+from inferencepool.api import crd, labels
 from inferencepool.api.v1alpha1 import InferencePool, InferencePoolStatus
 from inferencepool.autoscaler.histogram import parse_page
+from inferencepool.autoscaler.runner import PoolAutoscaler
 from inferencepool.controller.status import (
     Bottleneck,
     Observed,
@@ -144,3 +145,72 @@ def test_kubectl_get_wide_shows_the_phase() -> None:
     assert column["jsonPath"] == ".status.bottleneck.phase" and column["priority"] == 1
     status = crd.open_api_schema()["properties"]["status"]
     assert "phase" in status["properties"]["bottleneck"]["properties"]
+
+
+class StubKube:
+    """The API server as the autoscaler reads it: one ready pod per role, StatefulSets at one replica."""
+
+    def __init__(self) -> None:
+        self.pods = {
+            role: {
+                "metadata": {"name": f"demo-{role}-0", "labels": {labels.LABEL_ROLE: role}},
+                "spec": {"containers": [{"name": "c", "ports": [{"name": "http", "containerPort": 8000}]}]},
+                "status": {"podIP": f"127.0.0.{n}", "conditions": [{"type": "Ready", "status": "True"}]},
+            }
+            for n, role in enumerate(("prefill", "decode", "router"), start=1)
+        }
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any]:
+        return {"metadata": {"name": name}, "spec": {"replicas": 1}, "status": {"readyReplicas": 1}}
+
+    def list(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return [pod for role, pod in self.pods.items() if f"{labels.LABEL_ROLE}={role}" in selector]
+
+    def apply(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("min = max replicas: nothing to scale")
+
+
+async def test_each_round_keeps_every_roles_page_once_over_the_window() -> None:
+    """The autoscaler reads each pod once a round, whether its role autoscales or not, and keeps those
+    pages over its window: what the status composer diagnoses."""
+    pool = load_pool("demo-cpu.yaml")
+    spec = pool.spec
+    assert spec.decode.autoscaling is not None
+    decode = spec.decode.autoscaling.model_copy(
+        update={"min_replicas": 1, "max_replicas": 1, "interval_seconds": 2, "window_seconds": 6}
+    )
+    pool = pool.model_copy(
+        update={
+            "spec": spec.model_copy(
+                update={
+                    "prefill": spec.prefill.model_copy(update={"autoscaling": None}),  # not autoscaled
+                    "decode": spec.decode.model_copy(update={"autoscaling": decode}),
+                }
+            )
+        }
+    )
+    engines, now = Pool(), [0.0]
+    pages = {"127.0.0.1": engines.prefill, "127.0.0.2": engines.decode, "127.0.0.3": engines.router}
+    scraped: list[str] = []
+
+    async def scrape(url: str) -> str:
+        host = url.removeprefix("http://").rsplit(":", 1)[0]
+        scraped.append(host)
+        return pages[host].page()
+
+    scaler = PoolAutoscaler(cast(Any, StubKube()), pool, cast(Any, None), lambda *_: None, lambda: now[0])
+    scaler._scrape = scrape  # type: ignore[method-assign]
+    for second in range(0, 12, 2):
+        now[0] = float(second)
+        engines.long_prompts(10)
+        await scaler.tick()
+        assert sorted(scraped) == sorted(pages), scraped  # each pod once, this round
+        scraped.clear()
+    readings = scaler.readings()
+    assert [at for at, _ in readings] == [4.0, 6.0, 8.0, 10.0]  # the window: 6 s back from the last
+    assert all(
+        sorted(role for role, _, _ in pages) == ["decode", "prefill", "router"] for _, pages in readings
+    )
+    found = bottleneck_of(pool, readings)
+    assert found is not None and found.document["phase"] == "Prefill"
+    assert found.document["windowSeconds"] == 6
