@@ -52,8 +52,8 @@ def test_a_load_step_scales_decode_up_and_back_down() -> None:
 def test_prefill_goes_to_zero_and_comes_back_for_long_prompts() -> None:
     short = [TraceRequest(i * 0.5, 600, 30) for i in range(120)]
     long = [TraceRequest(60 + i * 0.25, 12000, 10) for i in range(240)]
-    # at a 15 ms ITL target a decode pod has little room for prefill work: long prompts make the pool pay
-    scenario = Scenario("plan", "LengthAware", 1, 2, 4096, planner=planned(0, itl=0.015))
+    # at a 12 ms ITL target a decode pod has little room for prefill work: long prompts make the pool pay
+    scenario = Scenario("plan", "LengthAware", 1, 2, 4096, planner=planned(0, itl=0.012))
     result = simulate(scenario, H100, short + long)
     assert all(r.completed and r.finishes == 1 for r in result.records)
     prefill = [e for e in result.scaling if e.role == "prefill"]
