@@ -93,6 +93,12 @@ def test_long_prompts_make_the_status_say_prefill_and_long_outputs_say_decode() 
     decode = bottleneck_of(pool, [start, engines.reading(130)])
     assert decode is not None
     assert compose(pool, decode)["bottleneck"]["phase"] == "Decode"
+    # Advice only the what-if can confirm says where it is checked (the operator does not replay).
+    colocate = [text for text in decode.document["advice"] if "serve the pool Colocated" in text]
+    assert colocate and colocate[0].endswith(
+        "(not replayed: `inferencepool diagnose` checks it in the simulator)"
+    )
+    assert all("not replayed" not in text for text in decode.document["advice"] if "decode replicas" in text)
     assert condition(compose(pool, decode))["reason"] == "DecodeBound"
 
 
