@@ -105,6 +105,8 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
         decision_reason="TargetExceeded", scaling_limited=True, degraded=True,
     )  # fmt: skip
     record(operator, "broken", "decode", degraded=True)
+    operator.record_bottleneck(NAMESPACE, "demo", "None", None)
+    operator.record_bottleneck(NAMESPACE, "broken", "Prefill", 2048)
     server, thread = start_http_server(0, addr="127.0.0.1", registry=operator.registry)
     operator_url = f"127.0.0.1:{server.server_port}"
     stop = asyncio.Event()
