@@ -139,13 +139,20 @@ async def running_prometheus(
 
 
 async def check_dashboard(
-    prometheus: Prometheus, namespace: str, pools: list[str], exempt: set[str], timeout: float = 60.0
+    prometheus: Prometheus,
+    namespace: str,
+    pools: list[str],
+    exempt: set[str],
+    timeout: float = 60.0,
+    queries: list[tuple[dashboard.Panel, dashboard.Query]] | None = None,
+    annotations: tuple[dashboard.Annotation, ...] = dashboard.ANNOTATIONS,
 ) -> list[str]:
-    """Problems with the dashboard's queries on live data: a query no pool gets data for, a legend naming a
-    label the series lack, or an exempt query (a metric the fake engine lacks) that unexpectedly has data."""
+    """Problems with the dashboard's queries (or `queries`) on live data: a query no pool gets data for, a
+    legend naming a label the series lack, or an exempt query (a metric the fake engine lacks) that
+    unexpectedly has data."""
     problems: list[str] = []
     deadline = time.monotonic() + timeout
-    for panel, query in dashboard.queries():
+    for panel, query in dashboard.queries() if queries is None else queries:
         results: list[dict[str, Any]] = []
         while True:
             for pool in pools:
@@ -163,7 +170,7 @@ async def check_dashboard(
             lacking = [r["metric"] for r in results if label not in r["metric"]]
             if lacking:
                 problems.append(f"{panel.title}: legend label {label!r} missing from {lacking[0]}")
-    for annotation in dashboard.ANNOTATIONS:
+    for annotation in annotations:
         while True:
             found = [
                 r

@@ -25,7 +25,7 @@ from tests.http.router_harness import LONG_PROMPT, MODEL, SHORT_PROMPT, config_f
 from tests.support.engines import running_engine
 
 from inferencepool.engine_sim.core import LmcacheSettings
-from inferencepool.observability import alerts, scrape
+from inferencepool.observability import alerts, dashboard, scrape
 from inferencepool.observability.metrics import OperatorMetrics
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -218,3 +218,35 @@ async def test_staged_alerts_fire_for_the_broken_pool_only(stack: Stack) -> None
     assert all("broken" in a["annotations"]["summary"] for a in fallback)
     # Not stageable with the fake engine (no NIXL failure counter): it must at least not fire.
     assert ("InferencePoolKVTransferFailures", "decode") not in firing
+
+
+@pytest.mark.parametrize(
+    ("wrong", "expr", "legend"),
+    [
+        (
+            "metric name",
+            'sum by (role) (vllm:num_request_waiting{namespace="$namespace", pool="$pool"})',
+            "{{role}}",
+        ),
+        (
+            "label value",
+            'sum by (role) (vllm:num_requests_waiting{namespace="$namespace", pool="$pool", role="prefil"})',
+            "",
+        ),
+        (
+            "label name",
+            'sum by (phase) (vllm:num_requests_waiting{namespace="$namespace", pool="$pool"})',
+            "{{phase}}",
+        ),
+        ("legend label", 'sum(vllm:num_requests_waiting{namespace="$namespace", pool="$pool"})', "{{role}}"),
+    ],
+)
+async def test_the_check_catches_a_wrong_query(stack: Stack, wrong: str, expr: str, legend: str) -> None:
+    """The dashboard check is not vacuous: a misspelt metric, a wrong label value, a grouping by a label the
+    series lack or a legend naming a summed-away label is reported."""
+    panel = dashboard.Panel("broken panel", "", (dashboard.Query(expr, legend),))
+    only = [(panel, panel.queries[0])]
+    problems = await check_dashboard(
+        stack.prometheus, NAMESPACE, ["demo", "broken"], set(), timeout=3, queries=only, annotations=()
+    )
+    assert problems, f"a wrong {wrong} went unnoticed"
