@@ -30,6 +30,13 @@ async def test_in_flight_counts_a_leg_however_it_ends() -> None:
     with pytest.raises(RuntimeError), in_flight(pod):
         raise RuntimeError("the engine failed")
     assert pod.outstanding == 0
+    # A leg handed on: the count stays up past the block until it is released (once).
+    with in_flight(pod) as hold:
+        kept = hold.keep()
+    assert pod.outstanding == 1
+    kept.release()
+    kept.release()
+    assert pod.outstanding == 0
 
     async def held() -> None:
         with in_flight(pod):

@@ -11,6 +11,11 @@ run on loopback: one prefill, one decode. Each target gets the same streamed com
 - vllm-router-rr : vllm-router --policy round_robin --worker-urls <decode>;
 - vllm-router-pd : vllm-router --vllm-pd-disaggregation --prefill <p> --decode <d> --policy round_robin.
 
+With `--baseline-source DIR` (the `operator/` folder of another checkout, e.g. after
+`git archive <commit> operator | tar -x -C /tmp/base`, DIR=/tmp/base/operator), that checkout's router also
+runs, as base-router-rr and base-router-pd, against the same engines in the same rounds: the way to tell a
+change's cost from the machine's noise.
+
 All targets run side by side and each concurrency level is measured in rounds that visit them in turn, so
 drifts in machine load (a shared 2-core machine) hit all of them alike. Added latency is a router's TTFT minus
 its baseline's at the same concurrency (p50 and p99). Router CPU per request is the router process's
@@ -43,6 +48,8 @@ TARGETS = ("direct", "direct-pd", "router-rr", "router-pd", "vllm-router-rr", "v
 BASELINE = {
     "router-rr": "direct",
     "router-pd": "direct-pd",
+    "base-router-rr": "direct",
+    "base-router-pd": "direct-pd",
     "vllm-router-rr": "direct",
     "vllm-router-pd": "direct-pd",
 }
@@ -56,6 +63,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=16, help="streamed tokens per request")
     parser.add_argument("--prompt-words", type=int, default=64, help="words per prompt")
     parser.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
+    parser.add_argument(
+        "--baseline-source",
+        type=Path,
+        default=None,
+        help="operator/ folder of another checkout whose router runs beside this one (base-router-rr/pd)",
+    )
     parser.add_argument(
         "--event-loops",
         nargs="+",
@@ -139,9 +152,9 @@ class Fleet:
         self.logs = logs
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = (self.logs / f"{name}.log").open("wb")
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         self.procs.append(proc)
         return proc
 
@@ -348,6 +361,12 @@ async def bench(args: argparse.Namespace, out: Path) -> list[RunResult]:
                 )
                 proc = fleet.start(label, argv)
                 targets.append(Target(label, kind, f"http://127.0.0.1:{port}", proc.pid))
+                if args.baseline_source is not None and kind.startswith("router-"):
+                    base_port = free_port()
+                    env = {**os.environ, "PYTHONPATH": str(Path(args.baseline_source).resolve())}
+                    base_label = f"base-{label}"
+                    base = fleet.start(base_label, router_cmd(kind, base_port, prefill, decode, loop), env)
+                    targets.append(Target(base_label, kind, f"http://127.0.0.1:{base_port}", base.pid))
         for target in targets:
             if target.pid:
                 await wait_http(target.base + "/health", 90)
@@ -405,11 +424,11 @@ def report(results: list[RunResult]) -> dict[str, Any]:
             row["rps_vs_baseline"] = round(r.rps / baseline.rps, 3) if baseline.rps else None
         rows.append(row)
     ratios: list[str] = []
-    for mode in ("rr", "pd"):
-        theirs_name = f"vllm-router-{mode}"
+    for mode, prefix in (("rr", "vllm-router-"), ("pd", "vllm-router-"), ("rr", "base-"), ("pd", "base-")):
         for r in results:
             if not r.target.startswith(f"router-{mode}"):
                 continue
+            theirs_name = f"{prefix}{r.target}" if prefix == "base-" else f"{prefix}{mode}"
             theirs = by_key.get((theirs_name, r.concurrency))
             mine = next(
                 row for row in rows if row["target"] == r.target and row["concurrency"] == r.concurrency
@@ -508,7 +527,7 @@ def run(args: argparse.Namespace) -> int:
                 f"  {row['target']:<22} c{row['concurrency']:<3} +{row['added_p50_ms']:.3f} ms p50  "
                 f"+{row['added_p99_ms']:.3f} ms p99  req/s x{row['rps_vs_baseline']}"
             )
-    print("\nthis router vs vllm-router, same run:")
+    print("\nthis router vs vllm-router (and vs --baseline-source), same run:")
     for line in summary["ratios"]:
         print("  " + line)
     print(f"\nwrote {out / 'results.json'} and {out / 'router.png'}")

@@ -24,6 +24,10 @@ class Calibrator:
         self.upstream = upstream
         self._candidate: tuple[Endpoint, dict[str, Any], Prompt] | None = None
 
+    @property
+    def wants_sample(self) -> bool:
+        return self._candidate is None
+
     def offer(self, endpoint: Endpoint, body: dict[str, Any], prompt: Prompt) -> None:
         """A request just counted by estimate; kept as the next sample when none is waiting."""
         if self._candidate is None and prompt.texts:

@@ -3,12 +3,10 @@ transfer mode's prefill leg when disaggregated, then the decode leg and its rela
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
@@ -17,7 +15,7 @@ from inferencepool.router.calibration import Calibrator
 from inferencepool.router.config import RouterConfig
 from inferencepool.router.errors import UpstreamError
 from inferencepool.router.http1 import Reply, Request
-from inferencepool.router.legs import Leg, Legs
+from inferencepool.router.legs import Legs
 from inferencepool.router.metrics import RouterMetrics
 from inferencepool.router.pods import Pod
 from inferencepool.router.policy import Route, choose_route
@@ -62,8 +60,9 @@ class Orchestrator:
         prompt = read_prompt(body, endpoint, self.config.served_model_name)
         tokens, affinity = self.counter.measure(prompt, self._affinity_tokens)
         self.metrics.prompt_tokens.observe(tokens)
-        if self.calibrator is not None:
-            self.calibrator.offer(endpoint, body, prompt)
+        calibrator = self.calibrator
+        if calibrator is not None and calibrator.wants_sample:
+            calibrator.offer(endpoint, body, prompt)
         pods = self.legs.pods
         route = choose_route(
             self.config.policy, tokens, self.threshold.threshold, pods.has_available("prefill")
@@ -91,9 +90,9 @@ class Orchestrator:
                 decode_affinity = None
             if handoff is not None:
                 decode_pod = handoff.pod
-        job = _Job(request, reply, prompt.stream, headers, started, None)
+        job = _Job(request, reply, prompt.stream, headers, started, None, tokens)
         if prompt.stream and self.config.resume_streams:
-            job.resumable = self._resumable(request.path, endpoint, body, headers)
+            job.resumable = Resumable(endpoint, body, request.path, headers)
         if route is Route.DISAGGREGATED:
             try:
                 await self._decode(job, route, decode_payload, None, decode_pod)
@@ -105,17 +104,9 @@ class Orchestrator:
                 route, decode_payload, decode_affinity, decode_pod = Route.FALLBACK, raw, affinity, None
         await self._decode(job, route, decode_payload, decode_affinity, decode_pod)
 
-    def _resumable(
-        self, path: str, endpoint: Endpoint, body: dict[str, Any], headers: list[tuple[str, str]]
-    ) -> Resumable:
-        """How a stream of this request is continued on another decode pod (from the client's own body, not
-        the disaggregated leg's: the continuation is prefilled where it lands)."""
-        timeout = self.config.timeouts.first_byte_seconds
-
-        def open_leg(payload: bytes, avoid: frozenset[str]) -> contextlib.AbstractAsyncContextManager[Leg]:
-            return self.legs.open("decode", path, payload, headers, None, True, timeout, exclude=avoid)
-
-        return Resumable(endpoint, body, open_leg)
+    def _count(self, job: _Job, route: Route) -> None:
+        self.metrics.requests_by_route[route].inc()
+        self.metrics.prompt_tokens_by_route[route].inc(job.tokens)
 
     async def _decode(
         self, job: _Job, route: Route, payload: bytes, affinity: int | None, pod: Pod | None
@@ -129,7 +120,7 @@ class Orchestrator:
         """
         retriable = route is Route.DISAGGREGATED
         if not retriable:
-            self.metrics.requests_by_route[route].inc()
+            self._count(job, route)
         try:
             async with self.legs.open(
                 "decode",
@@ -150,14 +141,14 @@ class Orchestrator:
             if retriable and failure.status == 502:
                 raise NothingSent(str(failure)) from failure
             if retriable:
-                self.metrics.requests_by_route[route].inc()
+                self._count(job, route)
             raise
         except BaseException:
             if retriable:
-                self.metrics.requests_by_route[route].inc()
+                self._count(job, route)
             raise
         if retriable:
-            self.metrics.requests_by_route[route].inc()
+            self._count(job, route)
 
 
 @dataclass(slots=True)
@@ -170,3 +161,4 @@ class _Job:
     headers: list[tuple[str, str]]
     started: float
     resumable: Resumable | None
+    tokens: int = 0  # prompt tokens as counted, for the per-route token counter the autoscaler reads

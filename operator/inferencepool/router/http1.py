@@ -245,26 +245,17 @@ class _HeadMeter:
         self.field_room -= len(piece)
         return piece, rest
 
-    def on_url(self, size: int) -> None:
-        self.url_size += size
-        self.field_room = self.limits.header  # the request line's end starts the first header
+    def over(self) -> bool:
+        return self.room < 0 or self.field_room < 0 or self.url_size > self.limits.request_line
 
-    def on_header(self) -> bool:
-        """A header is complete; False when it is one too many. httptools reports a header once the next
-        one begins, so the room restarts with that one."""
-        self.field_room = self.limits.header
-        self.headers += 1
-        return self.headers <= self.limits.count
-
-    def problem(self) -> tuple[int, str] | None:
+    def problem(self) -> tuple[int, str]:
+        """The bound crossed (the connection updates url_size, field_room and headers as it parses)."""
         limits = self.limits
         if self.url_size > limits.request_line:
             return 414, f"the request line exceeds the router's limit of {limits.request_line} bytes"
         if self.field_room < 0:
             return 431, f"a request header exceeds the router's limit of {limits.header} bytes"
-        if self.room < 0:
-            return 431, f"the request headers exceed the router's limit of {limits.total} bytes"
-        return None
+        return 431, f"the request headers exceed the router's limit of {limits.total} bytes"
 
 
 class _ServerConnection(asyncio.Protocol):
@@ -277,6 +268,7 @@ class _ServerConnection(asyncio.Protocol):
         self._url: list[bytes] = []
         self._headers: dict[str, str] = {}
         self._hosts = 0
+        self._version = "1.1"
         self._head = _HeadMeter(server.head_limits)
         self._body: list[bytes] = []
         self._size = 0
@@ -305,20 +297,26 @@ class _ServerConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         head = self._head
         while data and not self._rejected:
-            piece, data = head.take(data) if head.reading else (data, b"")
+            if not head.reading:
+                piece, data = data, b""
+            elif len(data) <= head.room and len(data) <= head.field_room:  # the usual case: all of it fits
+                piece, data = data, b""
+                head.room -= len(piece)
+                head.field_room -= len(piece)
+            else:
+                piece, data = head.take(data)
             try:
                 self._parser.feed_data(piece)
             except httptools.HttpParserUpgrade:
                 self._reject(400, "protocol upgrades are not supported")
             except httptools.HttpParserError as error:
                 self._reject(400, f"malformed HTTP request: {error}")
-            if head.reading and not self._rejected:
-                self._check_head()  # still in the head: it grows past a bound with the next byte
+            if head.reading and not self._rejected and head.over():
+                self._reject(*head.problem())  # still in the head, and past a bound
 
     def _check_head(self) -> None:
-        problem = self._head.problem()
-        if problem is not None:
-            self._reject(*problem)
+        if self._head.over():
+            self._reject(*self._head.problem())
 
     def eof_received(self) -> bool:
         return False  # a client that stops sending is gone: close, and cancel what it asked for
@@ -353,12 +351,17 @@ class _ServerConnection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url.append(url)
-        self._head.on_url(len(url))
+        head = self._head
+        head.url_size += len(url)
+        head.field_room = head.limits.header  # the request line's end starts the first header
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if not self._head.on_header():
-            limit = self.server.head_limits.count
-            self._reject(431, f"the request has more than the router's limit of {limit} headers")
+        head = self._head
+        # httptools reports a header once the next one begins: the room restarts with that one.
+        head.field_room = head.limits.header
+        head.headers += 1
+        if head.headers > head.limits.count:
+            self._reject(431, f"the request has more than the router's limit of {head.limits.count} headers")
             return
         key = name.decode("latin-1").lower()
         if key == "host":
@@ -382,7 +385,7 @@ class _ServerConnection(asyncio.Protocol):
         """What llhttp lets through but RFC 9112 (and h11, see tests/fuzz) refuses: HTTP/0.9, an HTTP/1.1
         request without exactly one Host, a transfer coding other than chunked (the router decodes none, and
         an unknown coding must not be read as a plain body)."""
-        version = self._parser.get_http_version()
+        version = self._version = self._parser.get_http_version()
         if version not in ("1.1", "1.0"):
             self._reject(505, f"HTTP/{version} is not supported")
         elif version == "1.1" and self._hosts != 1:
@@ -416,7 +419,7 @@ class _ServerConnection(asyncio.Protocol):
             self._headers,
             b"".join(self._body),
             self._parser.should_keep_alive(),
-            self._parser.get_http_version() == "1.0",
+            self._version == "1.0",
         )
         if self._task is None:
             self._run(request)

@@ -1,15 +1,13 @@
 """Legs: one request to an engine pod of a role, with the retries that are safe before any response byte.
 
-A leg is an async context manager: the pod it went to counts it as in flight (pods.in_flight) from the
-moment it is sent until the block ends, and its connection goes back to the pool when the body was read to
-its end, else is closed (so the engine aborts the request).
+A leg is an async context manager: the pod it went to counts it as in flight (pods.in_flight, the one
+place that counts) from the moment it is sent until the block ends, and its connection goes back to the
+pool when the body was read to its end, else is closed (so the engine aborts the request).
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from inferencepool.router.errors import UpstreamError
@@ -33,8 +31,7 @@ class Legs:
         self.metrics = metrics
         self.max_attempts = max_attempts
 
-    @contextlib.asynccontextmanager
-    async def open(
+    def open(
         self,
         role: EngineRole,
         path: str,
@@ -45,31 +42,84 @@ class Legs:
         timeout_seconds: int,
         pinned: Pod | None = None,
         exclude: frozenset[str] = frozenset(),
-    ) -> AsyncIterator[Leg]:
-        """Send a leg to a pod of `role` (`pinned` first when given, never one in `exclude`), trying others
-        while connections fail or answer 5xx before any response byte reached the caller.
+    ) -> OpenLeg:
+        """`async with legs.open(...) as leg`: send a leg to a pod of `role` (`pinned` first when given, never
+        one in `exclude`), trying others while connections fail or answer 5xx before any response byte
+        reached the caller.
 
         Raises UpstreamError when no pod could take it: 503 when none was available, 504 when one did not
         answer in time, else 502.
         """
-        tried: set[str] = set(exclude)
+        return OpenLeg(self, role, path, payload, headers, affinity, stream, timeout_seconds, pinned, exclude)
+
+
+class OpenLeg:
+    """One leg for the length of an `async with` block (a class, not a generator: it runs for every leg)."""
+
+    __slots__ = (
+        "_affinity",
+        "_exclude",
+        "_headers",
+        "_hold",
+        "_legs",
+        "_path",
+        "_payload",
+        "_pinned",
+        "_response",
+        "_role",
+        "_stream",
+        "_timeout",
+    )
+
+    def __init__(
+        self,
+        legs: Legs,
+        role: EngineRole,
+        path: str,
+        payload: bytes,
+        headers: Headers,
+        affinity: int | None,
+        stream: bool,
+        timeout_seconds: int,
+        pinned: Pod | None,
+        exclude: frozenset[str],
+    ) -> None:
+        self._legs = legs
+        self._role = role
+        self._path = path
+        self._payload = payload
+        self._headers = headers
+        self._affinity = affinity
+        self._stream = stream
+        self._timeout = timeout_seconds
+        self._pinned = pinned
+        self._exclude = exclude
+        self._hold: in_flight | None = None
+        self._response: UpstreamResponse | None = None
+
+    async def __aenter__(self) -> Leg:
+        legs, role = self._legs, self._role
+        metrics = legs.metrics
+        tried: set[str] = set(self._exclude)
         last_problem = f"no {role} pod is ready"
-        for attempt in range(self.max_attempts):
+        pinned = self._pinned
+        for attempt in range(legs.max_attempts):
             if attempt == 0 and pinned is not None and pinned.accepts_new and pinned.name not in tried:
                 pod: Pod | None = pinned
             else:
-                pod = self.pods.pick(role, time.monotonic(), affinity, frozenset(tried))
+                pod = legs.pods.pick(role, time.monotonic(), self._affinity, frozenset(tried))
             if pod is None:
                 break
             if attempt:
-                self.metrics.retries.labels(role).inc()
-            with in_flight(pod):
+                metrics.retries.labels(role).inc()
+            with in_flight(pod) as hold:
                 try:
-                    response = await self.upstream.post(
-                        pod.url + path, payload, headers, stream=stream, timeout_seconds=timeout_seconds
-                    )
+                    response = await legs.upstream.post(
+                        pod.url + self._path, self._payload, self._headers, stream=self._stream,
+                        timeout_seconds=self._timeout,
+                    )  # fmt: skip
                 except UpstreamFailure as failure:
-                    self.metrics.upstream_errors.labels(pod.name, role, failure.kind).inc()
+                    metrics.upstream_errors.labels(pod.name, role, failure.kind).inc()
                     if failure.kind == "timeout":
                         raise UpstreamError(f"{role} pod {pod.name} did not answer in time", 504) from failure
                     if failure.kind == "connect":
@@ -87,16 +137,21 @@ class Legs:
                         detail = (await response.body())[:300].decode(errors="replace")
                     except UpstreamFailure as failure:
                         detail = str(failure)
-                    response.close()
-                    self.metrics.upstream_errors.labels(pod.name, role, "status").inc()
+                    finally:
+                        response.close()
+                    metrics.upstream_errors.labels(pod.name, role, "status").inc()
                     last_problem = f"{role} pod {pod.name} answered {response.status}: {detail}"
                     tried.add(pod.name)
                     continue
                 pod.record_success()
-                try:
-                    yield Leg(pod, response)
-                finally:
-                    response.close()
-                return
-        status = 503 if len(tried) == len(exclude) else 502
+                # The leg outlives this block: the count stays up until __aexit__.
+                self._hold, self._response = hold.keep(), response
+                return Leg(pod, response)
+        status = 503 if len(tried) == len(self._exclude) else 502
         raise UpstreamError(last_problem, status)
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._response is not None:
+            self._response.close()
+        if self._hold is not None:
+            self._hold.release()

@@ -118,6 +118,12 @@ class RouterMetrics:
             ["route"],
             registry=registry,
         )
+        self.routed_prompt_tokens = Counter(
+            f"{PREFIX}_routed_prompt_tokens",
+            "Prompt tokens of requests by the route that served them (the autoscaler's load by route)",
+            ["route"],
+            registry=registry,
+        )
         self.ttft = Histogram(
             f"{PREFIX}_time_to_first_token_seconds",
             "Router-observed time to first streamed token, by route",
@@ -187,6 +193,9 @@ class RouterMetrics:
         )
         registry.register(_LiveCollector(state))
         self.requests_by_route = {route: self.requests.labels(route.value) for route in Route}
+        self.prompt_tokens_by_route = {
+            route: self.routed_prompt_tokens.labels(route.value) for route in Route
+        }
         self.ttft_by_route = {route: self.ttft.labels(route.value) for route in Route}
         self.itl_by_route = {route: self.itl.labels(route.value) for route in Route}
         for reason in (

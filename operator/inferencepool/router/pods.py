@@ -9,10 +9,9 @@ cannot pile onto one pod while prompts sharing a prefix still land where their K
 from __future__ import annotations
 
 import bisect
-import contextlib
 import hashlib
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
@@ -72,15 +71,36 @@ class Pod:
         self.cooldown_until = 0.0
 
 
-@contextlib.contextmanager
-def in_flight(pod: Pod) -> Iterator[Pod]:
-    """The one place a pod's outstanding count goes up and down: it counts the leg for as long as the block
-    holds it open, however the block ends (answered, failed, cancelled)."""
-    pod.outstanding += 1
-    try:
-        yield pod
-    finally:
-        pod.outstanding -= 1
+class in_flight:  # a context manager used as `with in_flight(pod) as hold:`, named as such
+    """The one place a pod's outstanding count goes up and down: it counts a leg for as long as the `with`
+    block holds it, however the block ends (answered, failed, cancelled), or, after `keep()`, until
+    `release()` (a leg handed on to whoever reads its answer). A class, not a generator: it runs for every
+    leg."""
+
+    __slots__ = ("_held", "_kept", "pod")
+
+    def __init__(self, pod: Pod) -> None:
+        self.pod = pod
+        self._held = self._kept = False
+
+    def __enter__(self) -> in_flight:
+        self.pod.outstanding += 1
+        self._held = True
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if not self._kept:
+            self.release()
+
+    def keep(self) -> in_flight:
+        """The block ends but the leg goes on: the count stays up until release()."""
+        self._kept = True
+        return self
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self.pod.outstanding -= 1
 
 
 def _point(data: str) -> int:

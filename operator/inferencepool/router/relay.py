@@ -12,7 +12,6 @@ event, so the continuation's events follow whole ones and the client sees one an
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from typing import Any
 from inferencepool.router import resume
 from inferencepool.router.errors import UpstreamError, error_body
 from inferencepool.router.http1 import Headers, Reply, UpstreamFailure
-from inferencepool.router.legs import Leg
+from inferencepool.router.legs import Leg, Legs
 from inferencepool.router.metrics import RouterMetrics
 from inferencepool.router.policy import Route
 from inferencepool.router.prompt import Endpoint
@@ -47,12 +46,12 @@ def is_error_event(data: bytes) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Resumable:
-    """What resuming a stream needs: the client's request and a way to open a decode leg for the
-    continuation (`open(payload, pods to avoid)`)."""
+    """What resuming a stream needs of the client's request."""
 
     endpoint: Endpoint
     body: dict[str, Any]
-    open: Callable[[bytes, frozenset[str]], contextlib.AbstractAsyncContextManager[Leg]]
+    path: str
+    headers: list[tuple[str, str]]
 
 
 Head = tuple[int, str, Headers]
@@ -61,9 +60,17 @@ Head = tuple[int, str, Headers]
 class Relay:
     """`itl_sample`, when given, also receives every inter-token gap (the adaptive threshold's signal)."""
 
-    def __init__(self, metrics: RouterMetrics, itl_sample: Callable[[float], None] | None) -> None:
+    def __init__(
+        self,
+        metrics: RouterMetrics,
+        itl_sample: Callable[[float], None] | None,
+        legs: Legs,
+        first_byte_seconds: int,
+    ) -> None:
         self.metrics = metrics
         self.itl_sample = itl_sample
+        self.legs = legs  # to resume a stream on another decode pod
+        self.first_byte_seconds = first_byte_seconds
 
     async def send(
         self,
@@ -165,14 +172,16 @@ class Relay:
                     upstream.abort("the decode leg's first event is an error")
                     return
                 reply.start(*head)
+            complete = upstream.complete
             if sent is not None:
                 if held:
                     data, held = held + data, b""
-                if not upstream.complete:
-                    whole = data.rfind(b"\n\n") + 2
+                if not complete and not data.endswith(b"\n\n"):
+                    whole = data.rfind(b"\n\n") + 2  # 1 when none: nothing whole to send yet
+                    whole = whole if whole > 1 else 0
                     data, held = data[:whole], data[whole:]
                 sent.append(data)
-            if upstream.complete:
+            if complete:
                 reply.end(data)
             else:
                 reply.write(data)
@@ -224,7 +233,16 @@ class Relay:
                 return False
             log.warning("decode pod %s died mid-stream: resuming after %d tokens", leg.pod.name, done.tokens)
             try:
-                async with resumable.open(payload, frozenset(avoid)) as continued:
+                async with self.legs.open(
+                    "decode",
+                    resumable.path,
+                    payload,
+                    resumable.headers,
+                    None,
+                    True,
+                    self.first_byte_seconds,
+                    exclude=frozenset(avoid),
+                ) as continued:
                     if continued.response.status != 200:
                         return False
                     failure = await self._stream(reply, continued, route, started, head, False, sent, True)

@@ -108,7 +108,8 @@ class Router:
             if isinstance(self.counter, EstimateCounter)
             else None
         )
-        relay = Relay(self.metrics, self.adaptive.itl_samples.add if self.adaptive.enabled else None)
+        itl_sample = self.adaptive.itl_samples.add if self.adaptive.enabled else None
+        relay = Relay(self.metrics, itl_sample, legs, timeouts.first_byte_seconds)
         self._orchestrator = Orchestrator(
             config, self.counter, legs, transfer, relay, self.metrics, self.adaptive, calibrator
         )
