@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from tests.cluster.operator_fixtures import (
     operator_kubeconfig,
 )
 from tests.unit import recorded_pools
+from tests.unit.test_observability_argocd_health import run_health
 
 from inferencepool.cluster import build
 from inferencepool.controller.context import OperatorContext
@@ -93,8 +95,13 @@ def test_kstatus_waits_for_a_rollout_of_a_serving_pool(kstatus: Path) -> None:
     assert status == "InProgress", message
 
 
-def test_kstatus_on_a_live_pool_from_creation_until_it_serves(
-    cluster: TestCluster, operator: OperatorContext, admin_kube: Kube, namespace: str, kstatus: Path
+def test_kstatus_and_argocd_health_on_a_live_pool_from_creation_until_it_serves(
+    cluster: TestCluster,
+    operator: OperatorContext,
+    admin_kube: Kube,
+    namespace: str,
+    kstatus: Path,
+    tmp_path: Path,
 ) -> None:
     document = example("demo-cpu.yaml")
     document["metadata"] = {"name": POOL, "namespace": namespace}
@@ -102,6 +109,8 @@ def test_kstatus_on_a_live_pool_from_creation_until_it_serves(
         document["spec"][role].pop("autoscaling")
     kubectl_ok(cluster, "apply", "-f", "-", input_text=json.dumps(document))
     seen: list[tuple[str, str]] = []
+    health: list[str] = []  # the Argo CD health check's verdicts on the same objects
+    lua = shutil.which("lua5.1")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         pool = get_pool(admin_kube, namespace, POOL)
@@ -109,6 +118,10 @@ def test_kstatus_on_a_live_pool_from_creation_until_it_serves(
         ((status, message),) = compute(kstatus, pool)
         if not seen or seen[-1][0] != status:
             seen.append((status, message))
+        if lua is not None:
+            verdict = run_health(lua, pool, tmp_path)[0]
+            if not health or health[-1] != verdict:
+                health.append(verdict)
         ready = [c for c in (pool.get("status") or {}).get("conditions", []) if c["type"] == "Ready"]
         if ready and ready[0]["status"] == "True":
             break
@@ -116,3 +129,6 @@ def test_kstatus_on_a_live_pool_from_creation_until_it_serves(
     assert seen and seen[-1][0] == "Current", seen
     # While the engines started (no pod ready yet) kstatus waited.
     assert any(status == "InProgress" and "no ready" in message for status, message in seen), seen
+    if lua is not None:
+        assert health[-1] == "Healthy" and "Progressing" in health, health
+        assert "Degraded" not in health, health
