@@ -35,6 +35,7 @@ def settings(**changes: object) -> p.PlannerSettings:
         "headroom": 1.0,
         "interval_seconds": INTERVAL,
         "scale_down_delay_seconds": 0.0,
+        "warmup_seconds": 0.0,
         "scale_down_margin": 0.0,
         "itl_fill": 1.0,
     }
@@ -163,6 +164,13 @@ def test_scale_down_needs_room_for_the_margin() -> None:
     assert planner.decide(observe(30, 2.0, prefill=3)).prefill.replicas == 2
     no_margin = p.Planner(settings(peak_seconds=0.0, trend_seconds=1.0), MODEL)
     assert no_margin.decide(observe(15, 38 / 15, prefill=3)).prefill.replicas == 2
+
+
+def test_no_scale_down_while_warming_up() -> None:
+    planner = p.Planner(settings(warmup_seconds=60.0, peak_seconds=0.0, trend_seconds=1.0), MODEL)
+    early = planner.decide(observe(15, 0.0, prefill=3))
+    assert (early.prefill.replicas, early.prefill.reason) == (3, p.SCALE_DOWN_DELAY)
+    assert planner.decide(observe(90, 0.0, prefill=3)).prefill.replicas == 2
 
 
 def test_scale_down_waits_after_a_scale_up() -> None:

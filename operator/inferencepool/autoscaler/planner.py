@@ -36,10 +36,10 @@ planned, one replica is added (a guard against model error).
 
 Decision: replicas = ceil(demand / capacity) per role; scale up at once (replicas still loading count, since
 the number is a target), scale down one replica per decision when the forecast allows, not within
-`scale_down_delay_seconds` of a scale-up or of the first decision. Bounds: min/max per role,
-prefill:decode ratio bounds while prefill runs, an optional GPU budget across both. Prefill may go to zero
-(its minReplicas 0): below `zero_prefill_below` of one replica's load the prefill pool goes and the decode
-pods prefill everything (colocated) when that needs fewer replicas in all than keeping it (prefill work on
+`scale_down_delay_seconds` of a scale-up nor within `warmup_seconds` of the first decision. Bounds:
+min/max per role, prefill:decode ratio bounds while prefill runs, an optional GPU budget across both.
+Prefill may go to zero (its minReplicas 0): the prefill pool goes and the decode pods prefill everything
+(colocated) when that needs fewer replicas in all than keeping it (prefill work on
 a decode pod costs that pod's ITL-bound capacity, on a prefill pod the TTFT-bound one), or when its load is
 below `zero_prefill_below` of a replica; it comes back when keeping it is strictly cheaper; while it is
 gone, its demand counts on decode.
@@ -102,7 +102,8 @@ class PlannerSettings:
     correction_weight: float = 0.3
     correction_bounds: tuple[float, float] = (0.5, 2.0)
     latency_factor_max: float = 3.0
-    scale_down_delay_seconds: float = 60.0
+    scale_down_delay_seconds: float = 120.0
+    warmup_seconds: float = 300.0  # no scale-down this long after the first decision (no burst history yet)
     scale_down_margin: float = 0.1  # scale down only if the pool would still fit this much more demand
     itl_fill: float = 1.0  # size decode for this share of the ITL target (< 1: room for the TPOT spread)
     trend_seconds: float = 300.0
@@ -223,6 +224,7 @@ class Planner:
         self.settings = settings
         self.model = model
         self._now = 0.0
+        self._first: float | None = None
         self._state = {"prefill": _RoleState(), "decode": _RoleState()}
 
     def _forecast(self, role: str, signal: str, now: float, value: float) -> float:
@@ -275,9 +277,8 @@ class Planner:
 
     def decide(self, obs: Observation) -> Plan:
         s = self.settings
-        for state in self._state.values():
-            if state.last_scale_up is None:
-                state.last_scale_up = obs.now  # the first decision: no scale-down before a delay of evidence
+        if self._first is None:
+            self._first = obs.now
         if obs.to_prefill is None or obs.direct is None or obs.generated_tokens is None:
             return self._keep(obs, "router or engine counters missing for this interval")
         interval = max(obs.interval_seconds, 1e-9)
@@ -504,7 +505,8 @@ class Planner:
             reason = reason or FORECAST_UP
         elif wanted < current:
             last_up = self._state[role].last_scale_up
-            if last_up is not None and now - last_up < self.settings.scale_down_delay_seconds:
+            warming = self._first is not None and now - self._first < self.settings.warmup_seconds
+            if warming or (last_up is not None and now - last_up < self.settings.scale_down_delay_seconds):
                 replicas, reason = current, SCALE_DOWN_DELAY
             else:
                 replicas = current - 1
