@@ -41,8 +41,11 @@ def kubectl_ok(cluster: TestCluster, *args: str, input_text: str | None = None) 
 @pytest.fixture(scope="session")
 def crd_installed(cluster: TestCluster) -> None:
     kubectl_ok(cluster, "apply", "--server-side", "-f", str(ROOT / "crds"))
-    kubectl_ok(
-        cluster, "wait", "--for=condition=Established", "--timeout=60s", f"crd/{labels.PLURAL}.{labels.GROUP}"
+    # `kubectl wait` fails at once (accessor error) on a CRD that has no condition yet: poll instead.
+    crd = f"crd/{labels.PLURAL}.{labels.GROUP}"
+    jsonpath = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
+    eventually(
+        lambda: cluster.kubectl("get", crd, "-o", jsonpath).stdout.strip() == "True", 60, f"{crd} Established"
     )
 
 
