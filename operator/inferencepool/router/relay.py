@@ -44,7 +44,7 @@ def is_error_event(data: bytes) -> bool:
     return head[5:].lstrip().startswith(b'{"error"')
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built for every streamed request, and frozen init is slower
 class Resumable:
     """What resuming a stream needs of the client's request."""
 

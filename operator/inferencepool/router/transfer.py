@@ -32,7 +32,7 @@ from inferencepool.router.threshold import SampleWindow
 log = logging.getLogger("inferencepool.router")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built for every disaggregated request, and frozen init is slower
 class ClientRequest:
     """What the transfer modes need from a client's generation request."""
 
@@ -45,7 +45,7 @@ class ClientRequest:
     prompt: Prompt
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Handoff:
     """The decode leg of a disaggregated request: its body, and the decode pod it must go to (or None).
 
