@@ -87,6 +87,16 @@ def limited() -> dict[str, Any]:
     return with_status(manifest(), observed(ready=True), ReconcileOutcome(generation=1), condition)
 
 
+def rolling_out() -> dict[str, Any]:
+    """Serving, while the decode StatefulSet has not yet rolled generation 2 out to its pods."""
+    seen = observed(ready=True)
+    workloads = dict(seen.workloads)
+    decode = workloads["decode"]
+    assert decode is not None
+    workloads["decode"] = WorkloadState(**{**decode.__dict__, "updated": 1, "update_revision": "r2"})
+    return with_status(manifest(generation=2), Observed(workloads), ReconcileOutcome(generation=2))
+
+
 def spec_changed() -> dict[str, Any]:
     """A new generation the operator has not observed yet (status still from generation 1)."""
     document = ready()

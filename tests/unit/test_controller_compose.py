@@ -82,6 +82,8 @@ def test_one_document_carries_the_autoscalers_figures_and_formats_the_columns_fr
         "Ready",
         "Progressing",
         "Degraded",
+        "Stalled",
+        "Reconciling",
         "ScalingLimited",
     }
     assert document["display"] == {"prefill": "2/2", "decode": "4/4", "ttft": "650/800ms", "itl": "31/40ms"}
@@ -148,9 +150,14 @@ def test_a_spec_the_models_refuse_gets_only_degraded_with_the_reason() -> None:
     document = invalid_status_document(
         None, 3, "spec rejected: spec.engine.extraEnv[0].name: Required value", NOW
     )
-    (degraded,) = document["conditions"]
+    degraded, stalled = document["conditions"]
     assert (degraded["type"], degraded["status"], degraded["reason"]) == ("Degraded", "True", "InvalidSpec")
     assert "extraEnv[0].name" in degraded["message"] and document["observedGeneration"] == 3
+    assert (stalled["type"], stalled["status"], stalled["message"]) == (
+        "Stalled",
+        "True",
+        degraded["message"],
+    )
 
 
 def test_a_quantity_the_statefulset_would_refuse_is_named_in_the_pools_terms() -> None:

@@ -75,6 +75,8 @@ def test_all_ready_pool_is_ready_settled_and_healthy_with_filled_columns() -> No
         "Ready": ("True", "Serving"),
         "Progressing": ("False", "RolloutComplete"),
         "Degraded": ("False", "AsExpected"),
+        "Stalled": ("False", "AsExpected"),  # kstatus' pair, derived from Degraded and Progressing
+        "Reconciling": ("False", "RolloutComplete"),
     }
     assert status.observed_generation == 1
     assert status.prefill is not None and status.decode is not None and status.router is not None
@@ -195,7 +197,13 @@ def test_autoscaler_figures_are_shown_but_never_written_by_the_operator() -> Non
     assert status.display is not None and status.display.ttft == "650/800ms"
     document = operator_status_document(pool, status)
     assert "observedMilliseconds" not in document["prefill"] and "lastScaling" not in document["prefill"]
-    assert {c["type"] for c in document["conditions"]} == {"Ready", "Progressing", "Degraded"}
+    assert {c["type"] for c in document["conditions"]} == {
+        "Ready",
+        "Progressing",
+        "Degraded",
+        "Stalled",
+        "Reconciling",
+    }
     assert document["display"]["ttft"] == "650/800ms"
     # The adaptive threshold's live value is the router's; the operator does not claim the field.
     assert "prefillThresholdTokens" not in document["router"]

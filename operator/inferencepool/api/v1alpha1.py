@@ -91,6 +91,8 @@ POOL_ROLES: Final[tuple[PoolRole, ...]] = ("prefill", "decode")
 RoutingPolicy = Literal["LengthAware", "AlwaysDisaggregate", "Colocated"]
 KVConnector = Literal["Nixl", "LMCachePD"]
 ConditionStatus = Literal["True", "False", "Unknown"]
+ScalingPolicy = Literal["Planner", "Latency"]
+ScalingMode = Literal["Operator", "External"]
 
 # Condition types the operator reports (Kubernetes API conventions: CamelCase).
 CONDITION_READY: Final = "Ready"
@@ -101,6 +103,11 @@ CONDITION_SCALING_LIMITED: Final = "ScalingLimited"
 # True while one phase limits the pool (status.bottleneck: the operator's diagnosis of its own metrics), False
 # while every target is met, Unknown while the window holds too little traffic to judge.
 CONDITION_BOTTLENECK: Final = "Bottleneck"
+# The two conditions kstatus (Flux, kpt) reads, derived from the three above: Stalled mirrors Degraded (a user
+# must act), Reconciling mirrors Progressing while the pool does not yet serve its latest spec (new replicas of a
+# serving pool are not reconciling).
+CONDITION_STALLED: Final = "Stalled"
+CONDITION_RECONCILING: Final = "Reconciling"
 
 
 class SpecModel(BaseModel):
@@ -345,17 +352,39 @@ class LatencyTarget(SpecModel):
 
 
 class Autoscaling(SpecModel):
-    """Latency-driven autoscaling of one pool. While on, the operator's autoscaler owns the replica count."""
+    """Latency-driven autoscaling of one pool. While on, the operator's autoscaler owns the replica count
+    (mode Operator) or recommends it to an HPA or KEDA that does (mode External)."""
 
     enabled: bool = Field(
         default=True,
         description="Scale on the target. Defaults to true; false keeps the block but pins replicas.",
     )
+    policy: ScalingPolicy = Field(
+        default="Planner",
+        description=(
+            "How replicas are decided. Planner (default): from the measured load (router and engine "
+            "counters) over what one replica carries at the target, sized one model load ahead, with the "
+            "observed percentile against the target as feedback. Latency: the HPA rule on the observed "
+            "percentile alone (ceil(replicas x observed / target), stabilization and step limits)."
+        ),
+    )
+    mode: ScalingMode = Field(
+        default="Operator",
+        description=(
+            "Operator (default): the operator writes the StatefulSet's replicas. External: an HPA or KEDA "
+            "does, and the operator only exports its observed percentile, target and recommended replicas "
+            "as metrics (inferencepool_pool_*) and in status."
+        ),
+    )
     min_replicas: int = Field(
         default=DEFAULT_MIN_REPLICAS,
-        ge=1,
+        ge=0,
         le=MAX_REPLICAS,
-        description="Fewest replicas. Defaults to 1. Must be <= maxReplicas.",
+        description=(
+            "Fewest replicas. Defaults to 1. Must be <= maxReplicas. 0 (prefill with policy Planner only): "
+            "the prefill pool goes while disaggregation does not pay, the decode pods serve colocated, and "
+            "it comes back when long prompts and load make it pay."
+        ),
     )
     max_replicas: int = Field(ge=1, le=MAX_REPLICAS, description=f"Most replicas (at most {MAX_REPLICAS}).")
     target: LatencyTarget = Field(
@@ -393,6 +422,15 @@ class Autoscaling(SpecModel):
     )
     max_scale_down_replicas: int = Field(
         default=1, ge=1, le=MAX_REPLICAS, description="Most replicas removed by one decision. Defaults to 1."
+    )
+    model_load_seconds: int = Field(
+        default=120,
+        ge=0,
+        le=MAX_SECONDS,
+        description=(
+            "Seconds from a scale-up to the new pod serving (image pull and model load). Policy Planner "
+            "sizes the pool for the load forecast that far ahead. Defaults to 120."
+        ),
     )
 
 
@@ -822,8 +860,38 @@ def _pool_rules(role: PoolRole) -> list[SpecRule]:
         gpus = spec.pool(role).gpus_per_replica
         return gpus is None or gpus == 0 or gpus >= spec.tensor_parallel_size(role)
 
+    def zero_only_where_it_can_return(spec: InferencePoolSpec) -> bool:
+        a = scaling_of(spec)
+        if a is None or a.min_replicas >= 1:
+            return True
+        return role == "prefill" and (a.policy == "Planner" or a.mode == "External")
+
     in_pool = f"has(self.{role}) && "
+    policy = f"(has({scaling}.policy) ? {scaling}.policy : 'Planner')"
+    mode = f"(has({scaling}.mode) ? {scaling}.mode : 'Operator')"
+    zero_rule = (
+        SpecRule(
+            field=f"{role}.autoscaling.minReplicas",
+            cel=(
+                f"!({in_pool}{has_scaling}) || {min_replicas} >= 1 || "
+                f"{policy} == 'Planner' || {mode} == 'External'"
+            ),
+            message=(
+                f"spec.{role}.autoscaling.minReplicas may be 0 only with policy Planner or mode External "
+                "(the Latency rule reads no latency from a pool without pods, so it could not bring it back)"
+            ),
+            holds=zero_only_where_it_can_return,
+        )
+        if role == "prefill"
+        else SpecRule(
+            field=f"{role}.autoscaling.minReplicas",
+            cel=f"!({in_pool}{has_scaling}) || {min_replicas} >= 1",
+            message=f"spec.{role}.autoscaling.minReplicas must be >= 1 (decode pools do not scale to zero)",
+            holds=zero_only_where_it_can_return,
+        )
+    )
     return [
+        zero_rule,
         SpecRule(
             field=f"{role}.autoscaling.minReplicas",
             cel=f"!({in_pool}{has_scaling}) || {min_replicas} <= {scaling}.maxReplicas",
@@ -1144,6 +1212,32 @@ class ScalingDecision(StatusModel):
     reason: str = Field(min_length=1, description="Why, in CamelCase (e.g. TargetExceeded, BelowTarget).")
     message: str = Field(default="", description="The figures behind the decision.")
     time: datetime = Field(description="When the decision was made.")
+    wanted_replicas: int | None = Field(
+        default=None, ge=0, description="What the demand asked for, before step limits, delays and bounds."
+    )
+    demand_milli_engines: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Policy Planner: measured demand, in thousandths of an engine (1000 = one replica busy all the "
+            "time), corrected by the observed utilisation."
+        ),
+    )
+    forecast_milli_engines: int | None = Field(
+        default=None, ge=0, description="Policy Planner: demand forecast one model load ahead, with headroom."
+    )
+    capacity_milli_engines_per_replica: int | None = Field(
+        default=None, ge=0, description="Policy Planner: what one replica carries at the latency target."
+    )
+    correction_percent: int | None = Field(
+        default=None,
+        ge=0,
+        description="Policy Planner: observed / predicted utilisation (100 = as modelled).",
+    )
+    observed_milliseconds: int | None = Field(
+        default=None, ge=0, description="The pool's latency at the target percentile when it decided."
+    )
+    target_milliseconds: int | None = Field(default=None, ge=0, description="The latency target.")
 
     @field_serializer("time")
     def _serialize_time(self, value: datetime) -> str:
@@ -1170,6 +1264,14 @@ class PoolStatus(StatusModel):
         default=None, ge=0, le=100, description="Percentile of observedMilliseconds."
     )
     last_scaling: ScalingDecision | None = Field(default=None, description="The autoscaler's last decision.")
+    recommended_replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "The autoscaler's latest recommendation (what it writes in mode Operator, what an HPA or KEDA "
+            "may act on in mode External)."
+        ),
+    )
 
     def replicas_display(self) -> str:
         """'ready/desired', as kubectl get shows it."""

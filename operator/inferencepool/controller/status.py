@@ -27,7 +27,9 @@ from inferencepool.api.v1alpha1 import (
     CONDITION_DEGRADED,
     CONDITION_PROGRESSING,
     CONDITION_READY,
+    CONDITION_RECONCILING,
     CONDITION_SCALING_LIMITED,
+    CONDITION_STALLED,
     POOL_ROLES,
     InferencePool,
     InferencePoolStatus,
@@ -42,7 +44,13 @@ from inferencepool.diagnosis.status import bottleneck_condition, bottleneck_stat
 from inferencepool.diagnosis.window import PodPage, PodRole, Snapshot, WindowError, window
 
 WorkloadKey = Literal["prefill", "decode", "router", "lmcache-controller"]
-OPERATOR_CONDITIONS = (CONDITION_READY, CONDITION_PROGRESSING, CONDITION_DEGRADED)
+OPERATOR_CONDITIONS = (
+    CONDITION_READY,
+    CONDITION_PROGRESSING,
+    CONDITION_DEGRADED,
+    CONDITION_STALLED,
+    CONDITION_RECONCILING,
+)
 
 
 @dataclass(frozen=True)
@@ -214,6 +222,23 @@ def degraded_condition(outcome: ReconcileOutcome | None) -> ConditionValue:
     return ConditionValue("False", "AsExpected", "all references resolve and every child was applied")
 
 
+def stalled_condition(degraded: ConditionValue) -> ConditionValue:
+    """Stalled (kstatus): True exactly while Degraded is, with its reason, so GitOps tools fail the sync."""
+    if degraded.status == "True":
+        return degraded
+    return ConditionValue("False", degraded.reason, degraded.message)
+
+
+def reconciling_condition(progressing: ConditionValue, ready: ConditionValue) -> ConditionValue:
+    """Reconciling (kstatus): the pool is moving to its latest spec. Waiting for new replicas of a pool that
+    already serves (a scale-up) is not reconciling, so a GitOps tool keeps it Current."""
+    if progressing.status != "True" or (
+        progressing.reason == "WaitingForReplicas" and ready.status == "True"
+    ):
+        return ConditionValue("False", progressing.reason, progressing.message)
+    return progressing
+
+
 def pool_status(
     pool: InferencePool, role: PoolRole, state: WorkloadState | None, previous: PoolStatus | None
 ) -> PoolStatus:
@@ -254,10 +279,15 @@ def compute_status(
         router=_router_status(pool, observed.get("router"), previous.router, endpoint),
         bottleneck=previous.bottleneck,  # the diagnosis' (status_document): carried until it reads again
     )
+    ready = ready_condition(pool, observed)
+    progressing = progressing_condition(pool, observed, generation)
+    degraded = degraded_condition(outcome)
     for condition_type, value in (
-        (CONDITION_READY, ready_condition(pool, observed)),
-        (CONDITION_PROGRESSING, progressing_condition(pool, observed, generation)),
-        (CONDITION_DEGRADED, degraded_condition(outcome)),
+        (CONDITION_READY, ready),
+        (CONDITION_PROGRESSING, progressing),
+        (CONDITION_DEGRADED, degraded),
+        (CONDITION_STALLED, stalled_condition(degraded)),
+        (CONDITION_RECONCILING, reconciling_condition(progressing, ready)),
     ):
         status.set_condition(condition_type, value.status, value.reason, value.message, now, generation)
     return status.with_display()
@@ -409,9 +439,14 @@ def invalid_status_document(
     """The status of a pool whose stored spec the models refuse: only that, as Degraded with the reason."""
     status = InferencePoolStatus(
         observed_generation=generation,
-        conditions=[c for c in (previous.conditions if previous else []) if c.type == CONDITION_DEGRADED],
+        conditions=[
+            c
+            for c in (previous.conditions if previous else [])
+            if c.type in (CONDITION_DEGRADED, CONDITION_STALLED)
+        ],
     )
-    status.set_condition(CONDITION_DEGRADED, "True", "InvalidSpec", message, now, generation)
+    for condition_type in (CONDITION_DEGRADED, CONDITION_STALLED):
+        status.set_condition(condition_type, "True", "InvalidSpec", message, now, generation)
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
