@@ -104,8 +104,8 @@ CONDITION_SCALING_LIMITED: Final = "ScalingLimited"
 # while every target is met, Unknown while the window holds too little traffic to judge.
 CONDITION_BOTTLENECK: Final = "Bottleneck"
 # The two conditions kstatus (Flux, kpt) reads, derived from the three above: Stalled mirrors Degraded (a user
-# must act), Reconciling mirrors Progressing while the pool does not yet serve its latest spec (new replicas of a
-# serving pool are not reconciling).
+# must act), Reconciling mirrors Progressing while the pool does not yet serve its latest spec (new replicas
+# of a serving pool are not reconciling).
 CONDITION_STALLED: Final = "Stalled"
 CONDITION_RECONCILING: Final = "Reconciling"
 
