@@ -96,6 +96,7 @@ def test_decode_pool_scales_on_its_itl_up_to_max_then_back_down(
     spec["prefill"].pop("autoscaling")
     spec["decode"]["replicas"] = 1
     spec["decode"]["autoscaling"] = {
+        "policy": "Latency",  # the HPA-style rule on the pool's own ITL (the planner has its own tests)
         "minReplicas": 1,
         "maxReplicas": 2,
         # Far below what the fake H100 profile does (~10 ms between tokens): the pool is always too slow.

@@ -35,6 +35,17 @@ import aiohttp
 from inferencepool.api import labels
 from inferencepool.api.pods import http_url, is_ready
 from inferencepool.api.v1alpha1 import POOL_ROLES, Autoscaling, InferencePool, PoolRole, ScalingDecision
+from inferencepool.autoscaler.feed import (
+    Deltas,
+    EngineGauges,
+    EngineSample,
+    RoleReading,
+    RouterReading,
+    RouterSample,
+    observation,
+    read_engine,
+    read_router,
+)
 from inferencepool.autoscaler.histogram import (
     ITL_METRIC,
     TTFT_METRIC,
@@ -48,6 +59,8 @@ from inferencepool.autoscaler.histogram import (
     read_gauge,
     read_histogram,
 )
+from inferencepool.autoscaler.planner import SCALING_LIMITED, Planner, RolePlan
+from inferencepool.autoscaler.planning import capacity_seed, planned, planner_settings
 from inferencepool.autoscaler.policy import Decision, Recommender
 from inferencepool.builders.common import PoolRef, engine_name, selector_labels
 from inferencepool.kube import Kube
@@ -87,8 +100,11 @@ class ScalingLimits:
 class _Role:
     recommender: Recommender = field(default_factory=Recommender)
     window: Window[Histogram] = field(default_factory=Window)
+    load: Deltas[EngineSample] = field(default_factory=Deltas)  # policy Planner: the interval's counts
     due: float = 0.0
     observed_milliseconds: int | None = None
+    recommended: int | None = None
+    told: tuple[int, int] | None = None  # mode External: (recommended, current) last posted as an event
     last_scaling: ScalingDecision | None = None
     limited: str | None = None  # why the role wants more than maxReplicas, while it does
     unschedulable: str | None = None  # pods the scheduler cannot place (no GPUs free, say), while there are
@@ -120,6 +136,12 @@ class PoolAutoscaler:
         self.threshold_tokens: int | None = None
         self._parsed: list[PageReading] = []  # this round's pages
         self._readings: deque[Reading] = deque()
+        # policy Planner: one planner for both roles, fed every interval
+        self._planner: Planner | None = None
+        self._plan_due = 0.0
+        self._planned_at: float | None = None
+        self._router_load: Deltas[RouterSample] = Deltas()
+        self._direct_ttft: Window[Histogram] = Window()
         self._restore(pool)
 
     @property
@@ -131,7 +153,12 @@ class PoolAutoscaler:
         return str(self.pool.metadata["name"])
 
     def update(self, pool: InferencePool) -> None:
+        if self._planner is not None and pool.spec.engine != self.pool.spec.engine:
+            self._planner.model = capacity_seed(pool.spec)
         self.pool = pool
+
+    def _planned_roles(self) -> list[PoolRole]:
+        return [role for role in POOL_ROLES if planned(self.pool.spec, role) is not None]
 
     def settings(self, role: PoolRole) -> Autoscaling | None:
         autoscaling = self.pool.spec.pool(role).autoscaling
@@ -162,6 +189,8 @@ class PoolAutoscaler:
         """Until the earliest role is due (at most 1 s, so a spec change is picked up quickly)."""
         now = self._clock()
         dues = [self._roles[r].due for r in POOL_ROLES if self.settings(r) is not None and r in self._roles]
+        if self._planned_roles():
+            dues.append(self._plan_due)
         return max(0.05, min([1.0, self._router_due - now, *[due - now for due in dues]]))
 
     async def tick(self) -> bool:
@@ -170,15 +199,24 @@ class PoolAutoscaler:
         and tries again next time)."""
         now, ran = self._clock(), False
         self._parsed = []
+        planned_roles = self._planned_roles()
         for role in POOL_ROLES:
             settings = self.settings(role)
             if settings is None:
                 ran = ran or self._roles.pop(role, None) is not None
                 continue
             state = self._roles.setdefault(role, _Role())
-            if now >= state.due:
+            if role not in planned_roles and now >= state.due:
                 state.due, ran = now + settings.interval_seconds, True
                 await self._step(role, state, settings, now)
+        if not planned_roles:
+            self._planner, self._planned_at = None, None
+        elif now >= self._plan_due:
+            interval, window = self._router_timing()
+            self._plan_due = self._router_due = now + interval  # the plan reads the routers itself
+            await self._plan(now, planned_roles, window)
+            await self._keep_reading(now, window)
+            return True
         if now >= self._router_due:
             interval, window = self._router_timing()
             self._router_due, ran = now + interval, True
@@ -215,6 +253,10 @@ class PoolAutoscaler:
         workload, decision = decided
         state.limited = decision.message if decision.limited(settings) else None
         current = decision.current
+        if settings.mode == "External":
+            self._recommend(role, state, decision.replicas, current, decision.message)
+            return
+        state.recommended = decision.replicas
         if decision.replicas == current:
             return
         await asyncio.to_thread(
@@ -232,6 +274,155 @@ class PoolAutoscaler:
             pool_reference(self.pool.metadata), "Normal", direction, f"{role}: {decision.message}"
         )
 
+    def _recommend(self, role: PoolRole, state: _Role, replicas: int, current: int, message: str) -> None:
+        """Mode External: the recommendation is only reported (status, metrics, an event when it moves)."""
+        if (replicas, current) != state.told and replicas != current:
+            self._post_event(
+                pool_reference(self.pool.metadata),
+                "Normal",
+                "Recommended",
+                f"{role}: {replicas} replicas recommended, {current} set externally: {message}",
+            )
+        state.recommended, state.told = replicas, (replicas, current)
+
+    async def _plan(self, now: float, roles: list[PoolRole], window_seconds: float) -> None:
+        """Policy Planner: read both roles and the routers, plan, and act on the roles it decides."""
+        workloads: dict[PoolRole, dict[str, Any]] = {}
+        for role in POOL_ROLES:
+            workload = await asyncio.to_thread(
+                self.kube.get, "apps/v1", "StatefulSet", self.namespace, engine_name(self.ref, role)
+            )
+            if workload is None:
+                return  # not created yet
+            workloads[role] = workload
+        current = {role: int(w.get("spec", {}).get("replicas", 0)) for role, w in workloads.items()}
+        settings = planner_settings(self.pool.spec, current)
+        assert settings is not None
+        if self._planner is None:
+            self._planner = Planner(settings, capacity_seed(self.pool.spec))
+        else:
+            self._planner.settings = settings
+        readings = {}
+        for role in POOL_ROLES:
+            state = self._roles.setdefault(role, _Role())
+            readings[role] = await self._read_role(role, state, workloads[role], now)
+        router = await self._read_routers(now, window_seconds)
+        interval = settings.interval_seconds if self._planned_at is None else now - self._planned_at
+        self._planned_at = now
+        plan = self._planner.decide(
+            observation(
+                now,
+                interval,
+                readings["prefill"],
+                readings["decode"],
+                router,
+                self._planner.model.kv_capacity_tokens,
+            )
+        )
+        for role in roles:
+            autoscaling = planned(self.pool.spec, role)
+            assert autoscaling is not None
+            await self._act(role, self._roles[role], autoscaling, workloads[role], getattr(plan, role))
+
+    async def _read_role(
+        self, role: PoolRole, state: _Role, workload: dict[str, Any], now: float
+    ) -> RoleReading:
+        """One role's engines: the interval's counts, the latency window, the gauges."""
+        autoscaling = self.pool.spec.pool(role).autoscaling
+        window_seconds = autoscaling.window_seconds if autoscaling is not None else 60
+        percentile = autoscaling.target.percentile if autoscaling is not None else 90
+        pods = await self._pods(role)
+        state.unschedulable = _unschedulable(pods)
+        ready_pods, pages = await self._scrape_ready(pods)
+        metric = METRIC[role][0]
+        samples: dict[str, EngineSample] = {}
+        gauges: list[EngineGauges] = []
+        for name, page in pages:
+            try:
+                parsed = parse_page(page)
+                sample, gauge = read_engine(parsed, metric)
+                self._parsed.append((role, name, parsed))
+            except MetricsError as error:
+                log.warning("pod %s/%s: %s", self.namespace, name, error)
+                continue
+            if sample is not None:
+                samples[name] = sample
+                if sample.latency is not None:
+                    state.window.add(name, now, sample.latency)
+            if gauge is not None:
+                gauges.append(gauge)
+        state.window.keep_only(ready_pods)
+        latency = state.window.delta(now, window_seconds)
+        observed = None if latency is None else latency.quantile(percentile / 100)
+        state.observed_milliseconds = None if observed is None else round(observed * 1000)
+        return RoleReading(
+            replicas=int(workload.get("spec", {}).get("replicas", 0)),
+            ready=int(workload.get("status", {}).get("readyReplicas", 0)),
+            load=state.load.step(samples),
+            latency_window=latency,
+            percentile=percentile,
+            gauges=tuple(gauges),
+        )
+
+    async def _read_routers(self, now: float, window_seconds: float) -> RouterReading:
+        """The routers' counts by route over the interval and the direct route's TTFT over the window (and
+        the split and threshold `_observe_router` reports)."""
+        ready_pods, pages = await self._observe_router(now, window_seconds)
+        loads: dict[str, RouterSample] = {}
+        for name, page in pages:
+            try:
+                load, direct = read_router(page)
+            except MetricsError as error:
+                log.warning("router pod %s/%s: %s", self.namespace, name, error)
+                continue
+            if load is not None:
+                loads[name] = load
+            if direct is not None:
+                self._direct_ttft.add(name, now, direct)
+        self._direct_ttft.keep_only(ready_pods)
+        return RouterReading(self._router_load.step(loads), self._direct_ttft.delta(now, window_seconds))
+
+    async def _act(
+        self,
+        role: PoolRole,
+        state: _Role,
+        autoscaling: Autoscaling,
+        workload: dict[str, Any],
+        plan: RolePlan,
+    ) -> None:
+        """One role's plan: the replicas written (mode Operator) or recommended (External), explained."""
+        state.limited = plan.message if plan.reason == SCALING_LIMITED else None
+        current = plan.current
+        # The planner scales up at once; the spec's step limit still holds.
+        replicas = min(plan.replicas, current + autoscaling.max_scale_up_replicas)
+        if autoscaling.mode == "External":
+            self._recommend(role, state, replicas, current, plan.message)
+            return
+        state.recommended = replicas
+        if replicas == current:
+            return
+        await asyncio.to_thread(
+            self.kube.apply, replicas_document(workload, replicas), labels.AUTOSCALER_FIELD_MANAGER
+        )
+        state.last_scaling = ScalingDecision(
+            from_replicas=current,
+            replicas=replicas,
+            reason=plan.reason,
+            message=plan.message,
+            time=self._wall_clock(),
+            wanted_replicas=plan.wanted,
+            demand_milli_engines=round(plan.demand * 1000),
+            forecast_milli_engines=round(plan.forecast * 1000),
+            capacity_milli_engines_per_replica=round(plan.capacity_per_replica * 1000),
+            correction_percent=round(plan.correction * 100),
+            observed_milliseconds=None
+            if plan.observed_seconds is None
+            else round(plan.observed_seconds * 1000),
+            target_milliseconds=round(plan.target_seconds * 1000),
+        )
+        direction = "ScaledUp" if replicas > current else "ScaledDown"
+        self._post_event(pool_reference(self.pool.metadata), "Normal", direction, f"{role}: {plan.message}")
+
     def _router_timing(self) -> tuple[float, float]:
         """The router is read as often, and over as long, as the pools are (the shortest of them)."""
         scaled = [settings for role in POOL_ROLES if (settings := self.settings(role)) is not None]
@@ -242,14 +433,19 @@ class PoolAutoscaler:
             float(min(s.window_seconds for s in scaled)),
         )
 
-    async def _observe_router(self, now: float, window_seconds: float) -> None:
-        """Share of requests that went through the prefill pool, and the threshold the routers hold."""
+    async def _observe_router(
+        self, now: float, window_seconds: float
+    ) -> tuple[set[str], list[tuple[str, Page]]]:
+        """Share of requests that went through the prefill pool, and the threshold the routers hold; the
+        ready routers and the pages parsed."""
         ready_pods, pages = await self._scrape_ready(await self._pods("router"))
         thresholds: list[float] = []
+        read: list[tuple[str, Page]] = []
         for name, page in pages:
             try:
                 parsed = parse_page(page)
                 self._parsed.append(("router", name, parsed))
+                read.append((name, parsed))
                 counts = read_counts(parsed, ROUTER_REQUESTS, "route", ROUTES)
                 threshold = read_gauge(parsed, ROUTER_THRESHOLD)
             except MetricsError as error:
@@ -267,6 +463,7 @@ class PoolAutoscaler:
             self.disaggregated_percent = round(100 * change.values[1] / total) if total else None
         if thresholds:
             self.threshold_tokens = round(sum(thresholds) / len(thresholds))
+        return ready_pods, read
 
     async def _decide(
         self, role: PoolRole, state: _Role, settings: Autoscaling, now: float
@@ -344,7 +541,11 @@ class PoolAutoscaler:
             if state.observed_milliseconds is not None:
                 figures["observedMilliseconds"] = state.observed_milliseconds
             if state.last_scaling is not None:
-                figures["lastScaling"] = state.last_scaling.model_dump(mode="json", by_alias=True)
+                figures["lastScaling"] = state.last_scaling.model_dump(
+                    mode="json", by_alias=True, exclude_none=True
+                )
+            if state.recommended is not None:
+                figures["recommendedReplicas"] = state.recommended
             if figures:
                 status[role] = figures
         router: dict[str, Any] = {}

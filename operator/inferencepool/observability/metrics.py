@@ -1,7 +1,8 @@
 """The operator's Prometheus metrics (prometheus-client), on their own registry so tests can run several.
 
 Per pool and role: the observed latency at the target percentile and the target itself (prefill: TTFT, decode:
-ITL), current/desired/ready replicas, the autoscaler's last decision as a one-hot gauge over a fixed set of
+ITL), current/desired/ready replicas, the autoscaler's recommended replicas (what an HPA or KEDA acts on in
+autoscaling mode External), the autoscaler's last decision as a one-hot gauge over a fixed set of
 reasons, and ScalingLimited/Degraded as 0/1 gauges. Per pool: the diagnosed bottleneck (status.bottleneck) as
 a one-hot gauge over its phases and the prefill threshold it recommends; reconciles by result; for the
 operator: reconcile duration. Labels are namespace, pool, role, reason and phase only (never request ids or
@@ -30,6 +31,12 @@ DECISION_REASONS: Final = (
     "WaitingForReplicas",
     "Stabilizing",
     "OutOfBounds",
+    "ForecastUp",
+    "ForecastDown",
+    "LatencyGuard",
+    "PrefillToZero",
+    "PrefillBack",
+    "ScalingLimited",
     "Other",
 )
 # status.bottleneck.phase (inferencepool.diagnosis); anything else is reported as Unknown.
@@ -42,6 +49,7 @@ OBSERVED_LATENCY: Final = f"{PREFIX}_pool_observed_latency_seconds"
 TARGET_LATENCY: Final = f"{PREFIX}_pool_target_latency_seconds"
 REPLICAS: Final = f"{PREFIX}_pool_replicas"
 DESIRED_REPLICAS: Final = f"{PREFIX}_pool_desired_replicas"
+RECOMMENDED_REPLICAS: Final = f"{PREFIX}_pool_recommended_replicas"
 READY_REPLICAS: Final = f"{PREFIX}_pool_ready_replicas"
 SCALING_DECISION: Final = f"{PREFIX}_pool_scaling_decision"
 SCALING_LIMITED: Final = f"{PREFIX}_pool_scaling_limited"
@@ -82,6 +90,13 @@ class OperatorMetrics:
             DESIRED_REPLICAS, "Engine pods wanted, by the spec or the autoscaler", ROLE_LABELS, registry=r
         )
         self.ready = Gauge(READY_REPLICAS, "Engine pods that are ready", ROLE_LABELS, registry=r)
+        self.recommended = Gauge(
+            RECOMMENDED_REPLICAS,
+            "Replicas the operator's autoscaler recommends (written in mode Operator; for an HPA or KEDA to "
+            "act on in mode External)",
+            ROLE_LABELS,
+            registry=r,
+        )
         self.decision = Gauge(
             SCALING_DECISION,
             "The autoscaler's last decision: 1 for its reason, 0 for the others",
@@ -131,6 +146,7 @@ class OperatorMetrics:
         decision_reason: str | None,
         scaling_limited: bool,
         degraded: bool,
+        recommended: int | None = None,
     ) -> None:
         """What one role of one pool looks like now. None: not measured yet / no target / no decision (the
         series is removed, so a dashboard shows a gap rather than a stale figure)."""
@@ -145,6 +161,10 @@ class OperatorMetrics:
         self.replicas.labels(*labels).set(current)
         self.desired.labels(*labels).set(desired)
         self.ready.labels(*labels).set(ready)
+        if recommended is None:
+            self.recommended.remove(*labels)
+        else:
+            self.recommended.labels(*labels).set(recommended)
         chosen = decision_label(decision_reason)
         for reason in DECISION_REASONS:
             if chosen is None:
@@ -184,8 +204,9 @@ class OperatorMetrics:
     def forget_pool(self, namespace: str, pool: str) -> None:
         """Drop every series of a deleted pool."""
         for metric in (
-            self.observed, self.target, self.replicas, self.desired, self.ready, self.decision, self.limited,
-            self.degraded, self.bottleneck, self.recommended_threshold, self.reconciles,
+            self.observed, self.target, self.replicas, self.desired, self.ready, self.recommended,
+            self.decision, self.limited, self.degraded, self.bottleneck, self.recommended_threshold,
+            self.reconciles,
         ):  # fmt: skip
             metric.remove_by_labels({"namespace": namespace, "pool": pool})
 
@@ -232,4 +253,5 @@ def record_status(metrics: OperatorMetrics, namespace: str, pool: str, status: M
             decision_reason=last.get("reason") if isinstance(last, Mapping) else None,
             scaling_limited=limited(role),
             degraded=true("Degraded"),
+            recommended=figures.get("recommendedReplicas"),
         )

@@ -1,0 +1,278 @@
+"""What the planner is fed, read from the engines' and routers' own metrics pages (pure: pages in, an
+`Observation` out; the runner does the scraping).
+
+Per engine pod, each decision interval:
+- counters `vllm:prompt_tokens` and `vllm:generation_tokens`, and the role's latency histogram (TTFT on
+  prefill, ITL on decode), differenced against the pod's previous reading (`Deltas`): the load of the
+  interval, and on decode the mean ITL (histogram sum / count) that corrects the capacity model;
+- gauges `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`: the decode
+  pool's KV in use, and its mean context (KV in use over running sequences).
+Per router pod: requests and prompt tokens by route (`inferencepool_router_requests`,
+`inferencepool_router_routed_prompt_tokens`), differenced the same way, and the TTFT of direct prompts
+(route="direct") over the percentile window.
+
+The prefill engines' own count of the prompt tokens they computed (prompt tokens less prefix-cache hits, local
+or external) stands for the disaggregated route's tokens where they were read: the engines tokenize, the
+router may only estimate, and a cached prefix costs no prefill. Prompts on the fallback route were meant for
+the prefill pool (none was ready, or its leg failed): they count as demand for it, so a prefill pool at zero
+comes back when they make it pay. A router that does not count prompt tokens by route (an older one) is read
+from the engines instead: the prefill engines' prompt tokens are the disaggregated route's, the decode
+engines' beyond those are the direct route's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic
+
+from inferencepool.autoscaler.histogram import (
+    Counts,
+    Histogram,
+    Page,
+    Sample,
+    read_counts,
+    read_histogram,
+)
+from inferencepool.autoscaler.planner import Observation, PoolSignals, RouteLoad
+
+PROMPT_TOKENS = "vllm:prompt_tokens"
+GENERATION_TOKENS = "vllm:generation_tokens"
+CACHE_HITS = ("vllm:prefix_cache_hits", "vllm:external_prefix_cache_hits")
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+ROUTER_REQUESTS = "inferencepool_router_requests"
+ROUTER_PROMPT_TOKENS = "inferencepool_router_routed_prompt_tokens"
+ROUTER_TTFT = "inferencepool_router_time_to_first_token_seconds"
+ROUTES = ("direct", "disaggregated", "fallback")
+
+
+def _counter(page: Page, name: str) -> float | None:
+    """A counter summed over its label sets (None when the page has none)."""
+    samples = page.get(name, page.get(f"{name}_total"))
+    if samples is None:
+        return None
+    return sum(value for sample, _, value in samples if sample in (name, f"{name}_total"))
+
+
+def _gauge_sum(page: Page, name: str) -> float | None:
+    samples = page.get(name)
+    return None if samples is None else sum(value for _, _, value in samples)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSample:
+    """One engine pod's cumulative counters and latency histogram (TTFT or ITL, by role)."""
+
+    prompt_tokens: float
+    generation_tokens: float
+    latency: Histogram | None
+    cached_tokens: float = 0.0  # prompt tokens found in the prefix cache (local or external): not computed
+
+    @property
+    def computed_tokens(self) -> float:
+        return max(0.0, self.prompt_tokens - self.cached_tokens)
+
+    def minus(self, earlier: EngineSample) -> EngineSample:
+        if self.prompt_tokens < earlier.prompt_tokens or self.generation_tokens < earlier.generation_tokens:
+            return self  # the engine restarted: everything it reports is new
+        latency = self.latency
+        if latency is not None and earlier.latency is not None:
+            latency = latency.minus(earlier.latency)
+        return EngineSample(
+            self.prompt_tokens - earlier.prompt_tokens,
+            self.generation_tokens - earlier.generation_tokens,
+            latency,
+            max(0.0, self.cached_tokens - earlier.cached_tokens),
+        )
+
+    def plus(self, other: EngineSample) -> EngineSample:
+        latency = self.latency
+        if latency is None or other.latency is None:
+            latency = latency or other.latency
+        elif latency.bounds == other.latency.bounds:
+            latency = latency.plus(other.latency)
+        return EngineSample(
+            self.prompt_tokens + other.prompt_tokens,
+            self.generation_tokens + other.generation_tokens,
+            latency,
+            self.cached_tokens + other.cached_tokens,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineGauges:
+    running: float
+    waiting: float
+    kv_usage: float  # 0..1
+
+
+def read_engine(page: Page, latency_metric: str) -> tuple[EngineSample | None, EngineGauges | None]:
+    """An engine page's counters (None without vLLM's token counters) and gauges (None without them).
+    Raises MetricsError for a malformed histogram."""
+    prompt, generated = _counter(page, PROMPT_TOKENS), _counter(page, GENERATION_TOKENS)
+    sample = (
+        None
+        if prompt is None or generated is None
+        else EngineSample(
+            prompt,
+            generated,
+            read_histogram(page, latency_metric),
+            sum(_counter(page, name) or 0.0 for name in CACHE_HITS),
+        )
+    )
+    running, waiting, kv = (_gauge_sum(page, n) for n in (RUNNING, WAITING, KV_USAGE))
+    gauges = (
+        None
+        if running is None or kv is None
+        else EngineGauges(running, waiting or 0.0, min(1.0, max(0.0, kv)))
+    )
+    return sample, gauges
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSample:
+    """One router pod's cumulative requests and prompt tokens by route (tokens None on a router without
+    the counter)."""
+
+    requests: Counts
+    prompt_tokens: Counts | None
+
+    def minus(self, earlier: RouterSample) -> RouterSample:
+        tokens = self.prompt_tokens
+        if tokens is not None and earlier.prompt_tokens is not None:
+            tokens = tokens.minus(earlier.prompt_tokens)
+        return RouterSample(self.requests.minus(earlier.requests), tokens)
+
+    def plus(self, other: RouterSample) -> RouterSample:
+        tokens = (
+            None
+            if self.prompt_tokens is None or other.prompt_tokens is None
+            else self.prompt_tokens.plus(other.prompt_tokens)
+        )
+        return RouterSample(self.requests.plus(other.requests), tokens)
+
+
+def read_router(page: Page) -> tuple[RouterSample | None, Histogram | None]:
+    """A router page's counts by route (None without the request counter) and the TTFT histogram of its
+    direct route (None without it)."""
+    requests = read_counts(page, ROUTER_REQUESTS, "route", ROUTES)
+    tokens = read_counts(page, ROUTER_PROMPT_TOKENS, "route", ROUTES)
+    ttft = page.get(ROUTER_TTFT)
+    direct = (
+        None
+        if ttft is None
+        else read_histogram({ROUTER_TTFT: [s for s in ttft if s[1].get("route") == "direct"]}, ROUTER_TTFT)
+    )
+    return (None if requests is None else RouterSample(requests, tokens)), direct
+
+
+class Deltas(Generic[Sample]):
+    """Per pod, what a cumulative reading added since the pod's previous one; summed over the pods read
+    both times. A pod read this time only (new, or it missed the last round) adds nothing yet."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, Sample] = {}
+
+    def step(self, readings: dict[str, Sample]) -> Sample | None:
+        total: Sample | None = None
+        for pod, reading in readings.items():
+            earlier = self._last.get(pod)
+            if earlier is None:
+                continue
+            change = reading.minus(earlier)
+            total = change if total is None else total.plus(change)
+        self._last = dict(readings)
+        return total
+
+
+@dataclass(frozen=True)
+class RoleReading:
+    """One role over the interval, as the runner read it."""
+
+    replicas: int  # the StatefulSet's spec.replicas
+    ready: int
+    load: EngineSample | None  # the interval's counts, summed over the pods read twice
+    latency_window: Histogram | None  # the latency histogram over the percentile window
+    percentile: int
+    gauges: tuple[EngineGauges, ...] = ()  # one per ready pod that answered
+
+
+@dataclass(frozen=True)
+class RouterReading:
+    load: RouterSample | None  # the interval's counts, summed over the routers read twice
+    direct_ttft_window: Histogram | None  # TTFT of direct prompts over the prefill percentile window
+
+
+def observation(
+    now: float,
+    interval_seconds: float,
+    prefill: RoleReading,
+    decode: RoleReading,
+    router: RouterReading,
+    kv_capacity_tokens: int,
+) -> Observation:
+    """The planner's input. What is not known stays None (the planner keeps the replicas when the load is
+    unknown, and skips a correction it has no figure for)."""
+    to_prefill, direct = _routes(router.load, prefill.load, decode.load)
+    kv_usage = mean_context = None
+    if decode.gauges:
+        kv_usage = sum(g.kv_usage for g in decode.gauges) / len(decode.gauges)
+        running = sum(g.running for g in decode.gauges)
+        if running > 0:
+            mean_context = sum(g.kv_usage for g in decode.gauges) * kv_capacity_tokens / running
+    itl = decode.load.latency if decode.load is not None else None
+    return Observation(
+        now=now,
+        interval_seconds=interval_seconds,
+        to_prefill=to_prefill,
+        direct=direct,
+        generated_tokens=None if decode.load is None else round(decode.load.generation_tokens),
+        prefill=PoolSignals(
+            prefill.replicas,
+            prefill.ready,
+            observed_seconds=_quantile(prefill.latency_window, prefill.percentile),
+        ),
+        decode=PoolSignals(
+            decode.replicas,
+            decode.ready,
+            observed_seconds=_quantile(decode.latency_window, decode.percentile),
+            mean_itl_seconds=itl.sum / itl.count if itl is not None and itl.count > 0 else None,
+            direct_ttft_seconds=_quantile(router.direct_ttft_window, prefill.percentile),
+            kv_usage=kv_usage,
+            mean_context_tokens=mean_context,
+        ),
+    )
+
+
+def _quantile(histogram: Histogram | None, percentile: int) -> float | None:
+    return None if histogram is None else histogram.quantile(percentile / 100)
+
+
+def _routes(
+    router: RouterSample | None, prefill: EngineSample | None, decode: EngineSample | None
+) -> tuple[RouteLoad | None, RouteLoad | None]:
+    """(to the prefill pool, direct) prompts and their tokens over the interval."""
+    if router is None:
+        return None, None
+    n_direct, n_disaggregated, n_fallback = (round(v) for v in router.requests.values)
+    if router.prompt_tokens is not None:
+        t_direct, t_disaggregated, t_fallback = (round(v) for v in router.prompt_tokens.values)
+        if prefill is not None and n_disaggregated:
+            # the prefill engines' own count: exact, where the router may only estimate
+            t_disaggregated = round(prefill.computed_tokens)
+        return (
+            RouteLoad(n_disaggregated + n_fallback, t_disaggregated + t_fallback),
+            RouteLoad(n_direct, t_direct),
+        )
+    # An older router: the tokens from the engines (a prefill pod prefills only disaggregated prompts, a
+    # decode pod counts every prompt it serves); fallback prompts at the disaggregated mean.
+    if decode is None or (n_disaggregated and prefill is None):
+        return None, None
+    disaggregated = prefill.computed_tokens if prefill is not None and n_disaggregated else 0.0
+    mean = disaggregated / n_disaggregated if n_disaggregated else 0.0
+    fallback = mean * n_fallback
+    remaining = max(0.0, decode.prompt_tokens - disaggregated - fallback)
+    return RouteLoad(n_disaggregated + n_fallback, round(disaggregated + fallback)), RouteLoad(
+        n_direct, round(remaining)
+    )

@@ -1,0 +1,303 @@
+"""The autoscaler shell's feed: real metrics pages (the fake engine's vLLM collector, the router's own
+registry) read into the planner's inputs, table by table, and a pool's spec as the planner's settings."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+
+from inferencepool.api.v1alpha1 import InferencePoolSpec
+from inferencepool.autoscaler.capacity import from_profile
+from inferencepool.autoscaler.feed import (
+    Deltas,
+    EngineGauges,
+    EngineSample,
+    RoleReading,
+    RouterReading,
+    RouterSample,
+    observation,
+    read_engine,
+    read_router,
+)
+from inferencepool.autoscaler.histogram import ITL_METRIC, TTFT_METRIC, Counts, Histogram, parse_page
+from inferencepool.autoscaler.planner import MISSING_METRICS, PREFILL_BACK, Planner, RouteLoad
+from inferencepool.autoscaler.planning import capacity_seed, planner_settings
+from inferencepool.engine_sim.core import EngineCore
+from inferencepool.engine_sim.metrics import EngineMetrics
+from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.router.metrics import LiveState, RouterMetrics
+from inferencepool.router.pods import PodSet
+from inferencepool.router.policy import Route
+
+
+class Engine:
+    """The fake engine's real collector over a real (idle) core; served requests are counted by hand."""
+
+    def __init__(self) -> None:
+        self.core = EngineCore(get_profile("cpu-demo"), "e0")
+        self.metrics = EngineMetrics(self.core, "m")
+
+    def serve(self, prompt: int, output: int, ttft: float, gaps: list[float]) -> None:
+        self.metrics.ttft.observe(ttft)
+        for gap in gaps:
+            self.metrics.itl.observe(gap)
+        self.core.stats.prompt_tokens += prompt
+        self.core.stats.generation_tokens += output
+
+    def page(self, metric: str) -> tuple[EngineSample | None, EngineGauges | None]:
+        return read_engine(parse_page(generate_latest(self.metrics.registry).decode()), metric)
+
+
+class Router:
+    def __init__(self) -> None:
+        state = LiveState(PodSet(), lambda: 2048, lambda: "estimate", lambda: "", lambda: 4.0, dict)
+        self.metrics = RouterMetrics(state)
+
+    def route(self, route: Route, prompt: int, ttft: float) -> None:
+        self.metrics.requests_by_route[route].inc()
+        self.metrics.prompt_tokens_by_route[route].inc(prompt)
+        self.metrics.ttft_by_route[route].observe(ttft)
+
+    def page(self) -> tuple[RouterSample | None, Histogram | None]:
+        return read_router(parse_page(generate_latest(self.metrics.registry).decode()))
+
+
+def test_engine_pages_give_the_interval_s_tokens_and_latency_per_pod_summed() -> None:
+    a, b = Engine(), Engine()
+    a.serve(1000, 10, 0.2, [0.02] * 9)  # before the interval: not counted
+    deltas: Deltas[EngineSample] = Deltas()
+    assert deltas.step({"a": a.page(ITL_METRIC)[0], "b": b.page(ITL_METRIC)[0]}) is None  # type: ignore[dict-item]
+    a.serve(300, 5, 0.1, [0.03] * 4)
+    b.serve(200, 7, 0.1, [0.05] * 6)
+    change = deltas.step({"a": a.page(ITL_METRIC)[0], "b": b.page(ITL_METRIC)[0]})  # type: ignore[dict-item]
+    assert change is not None
+    assert (change.prompt_tokens, change.generation_tokens) == (500, 12)
+    assert change.latency is not None and change.latency.count == 10
+    assert change.latency.sum == pytest.approx(4 * 0.03 + 6 * 0.05)
+    sample, gauges = a.page(TTFT_METRIC)
+    assert sample is not None and sample.latency is not None and sample.latency.count == 2
+    assert gauges == EngineGauges(running=0, waiting=0, kv_usage=0)
+
+
+def test_a_restarted_engine_counts_from_zero_and_a_new_pod_adds_nothing_yet() -> None:
+    deltas: Deltas[EngineSample] = Deltas()
+    deltas.step({"a": EngineSample(5000, 500, None)})
+    change = deltas.step({"a": EngineSample(100, 10, None), "new": EngineSample(900, 90, None)})
+    assert change == EngineSample(100, 10, None)
+
+
+def test_a_page_without_vllm_counters_reads_as_unknown() -> None:
+    assert read_engine(parse_page("# TYPE other gauge\nother 1\n"), ITL_METRIC) == (None, None)
+    assert read_router(parse_page("# TYPE other gauge\nother 1\n")) == (None, None)
+
+
+def test_router_pages_give_requests_and_tokens_by_route_and_the_direct_ttft() -> None:
+    router = Router()
+    deltas: Deltas[RouterSample] = Deltas()
+    first, _ = router.page()
+    deltas.step({"r": first})  # type: ignore[dict-item]
+    router.route(Route.DIRECT, 100, 0.05)
+    router.route(Route.DIRECT, 300, 0.07)
+    router.route(Route.DISAGGREGATED, 8000, 0.6)
+    router.route(Route.FALLBACK, 6000, 1.5)
+    sample, direct = router.page()
+    change = deltas.step({"r": sample})  # type: ignore[dict-item]
+    assert change == RouterSample(Counts((2, 1, 1)), Counts((400, 8000, 6000)))
+    assert direct is not None and direct.count == 2  # only route="direct"
+
+
+def reading(load: EngineSample | None, **fields: Any) -> RoleReading:
+    defaults: dict[str, Any] = {"replicas": 2, "ready": 2, "latency_window": None, "percentile": 90}
+    return RoleReading(load=load, **{**defaults, **fields})
+
+
+ITL = Histogram((0.02, 0.04, 0.08, math.inf), (5, 80, 100, 100), 3.5)
+TTFT = Histogram((0.5, 1.0, 2.0, math.inf), (50, 90, 100, 100), 60.0)
+
+
+@pytest.mark.parametrize(
+    ("case", "router", "prefill", "decode", "expected"),
+    [
+        (
+            "router counts tokens by route; fallback counts for the prefill pool",
+            RouterSample(Counts((10, 3, 1)), Counts((2000, 24000, 9000))),
+            None,
+            EngineSample(35000, 900, ITL),
+            {"to_prefill": RouteLoad(4, 33000), "direct": RouteLoad(10, 2000), "generated": 900},
+        ),
+        (
+            "the prefill engines' own token count over the router's estimate",
+            RouterSample(Counts((10, 3, 1)), Counts((2000, 30000, 9000))),
+            EngineSample(24000, 3, TTFT),
+            EngineSample(35000, 900, ITL),
+            {"to_prefill": RouteLoad(4, 33000), "direct": RouteLoad(10, 2000), "generated": 900},
+        ),
+        (
+            "an older router: tokens from the engines, fallback at the disaggregated mean",
+            RouterSample(Counts((10, 3, 1)), None),
+            EngineSample(24000, 3, TTFT),
+            EngineSample(36000, 900, ITL),
+            {"to_prefill": RouteLoad(4, 32000), "direct": RouteLoad(10, 4000), "generated": 900},
+        ),
+        (
+            "no router read twice yet: the load is unknown",
+            None,
+            EngineSample(24000, 3, TTFT),
+            EngineSample(36000, 900, ITL),
+            {"to_prefill": None, "direct": None, "generated": 900},
+        ),
+        (
+            "no decode pod read twice: generated tokens unknown",
+            RouterSample(Counts((0, 0, 0)), Counts((0, 0, 0))),
+            None,
+            None,
+            {"to_prefill": RouteLoad(0, 0), "direct": RouteLoad(0, 0), "generated": None},
+        ),
+    ],
+)
+def test_observation_from_the_readings(
+    case: str,
+    router: RouterSample | None,
+    prefill: EngineSample | None,
+    decode: EngineSample | None,
+    expected: dict[str, Any],
+) -> None:
+    obs = observation(
+        100.0,
+        15.0,
+        reading(prefill, latency_window=TTFT),
+        reading(decode, latency_window=ITL, ready=1),
+        RouterReading(router, None),
+        10_000,
+    )
+    assert (obs.to_prefill, obs.direct, obs.generated_tokens) == (
+        expected["to_prefill"],
+        expected["direct"],
+        expected["generated"],
+    ), case
+    assert (obs.now, obs.interval_seconds) == (100.0, 15.0)
+    assert (obs.prefill.replicas, obs.prefill.ready, obs.decode.ready) == (2, 2, 1)
+
+
+def test_observation_signals_percentiles_mean_itl_kv_and_context() -> None:
+    gauges = (EngineGauges(4, 0, 0.5), EngineGauges(12, 1, 0.3))
+    direct = Histogram((0.1, 0.2, math.inf), (0, 10, 10), 1.5)
+    obs = observation(
+        0.0,
+        10.0,
+        reading(None, latency_window=TTFT),
+        reading(EngineSample(0, 100, ITL), latency_window=ITL, gauges=gauges, percentile=50),
+        RouterReading(None, direct),
+        10_000,
+    )
+    assert obs.prefill.observed_seconds == pytest.approx(TTFT.quantile(0.9))
+    assert obs.decode.observed_seconds == pytest.approx(ITL.quantile(0.5))
+    assert obs.decode.mean_itl_seconds == pytest.approx(3.5 / 100)
+    assert obs.decode.direct_ttft_seconds == pytest.approx(direct.quantile(0.9))  # the TTFT percentile
+    assert obs.decode.kv_usage == pytest.approx(0.4)
+    # KV in use over running sequences: (0.5 + 0.3) x 10,000 tokens / 16 sequences
+    assert obs.decode.mean_context_tokens == pytest.approx(500)
+    idle = observation(0.0, 10.0, reading(None), reading(None), RouterReading(None, None), 10_000)
+    assert (idle.decode.kv_usage, idle.decode.mean_context_tokens, idle.decode.mean_itl_seconds) == (
+        None,
+        None,
+        None,
+    )
+
+
+def spec(**pools: Any) -> InferencePoolSpec:
+    return InferencePoolSpec.model_validate({"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, **pools})
+
+
+def scaling(target: dict[str, int], **fields: Any) -> dict[str, Any]:
+    return {"minReplicas": 1, "maxReplicas": 6, "target": target, **fields}
+
+
+def test_planner_settings_from_the_spec() -> None:
+    both = spec(
+        prefill={
+            "autoscaling": scaling({"ttftMilliseconds": 800}, minReplicas=0, intervalSeconds=20),
+            "gpusPerReplica": 2,
+        },
+        decode={"autoscaling": scaling({"itlMilliseconds": 40}, modelLoadSeconds=300, intervalSeconds=10)},
+    )
+    settings = planner_settings(both, {"prefill": 1, "decode": 2})
+    assert settings is not None
+    assert (settings.ttft_target_seconds, settings.itl_target_seconds) == (0.8, 0.04)
+    assert (
+        settings.prefill.min_replicas,
+        settings.prefill.max_replicas,
+        settings.prefill.gpus_per_replica,
+    ) == (
+        0,
+        6,
+        2,
+    )
+    assert (settings.model_load_seconds, settings.interval_seconds) == (300, 10)
+    assert settings.scale_down_delay_seconds == settings.warmup_seconds == 300  # the spec's default
+    # A role not on the planner is pinned where it is; a pool with none on the planner has no settings.
+    decode_only = spec(
+        prefill={"autoscaling": scaling({"ttftMilliseconds": 800}, policy="Latency")},
+        decode={"autoscaling": scaling({"itlMilliseconds": 40})},
+    )
+    settings = planner_settings(decode_only, {"prefill": 3, "decode": 2})
+    assert settings is not None and (settings.prefill.min_replicas, settings.prefill.max_replicas) == (3, 3)
+    assert planner_settings(spec(decode={"replicas": 2}), {"prefill": 1, "decode": 2}) is None
+
+
+def test_the_capacity_seed_follows_the_fake_engine_s_profile_time_scale_and_chunk() -> None:
+    plain = capacity_seed(spec())
+    assert plain == from_profile(get_profile("llama-3.1-8b-h100"))
+    slowed = capacity_seed(
+        spec(
+            engine={
+                "extraEnv": [
+                    {"name": "FAKE_ENGINE_PROFILE", "value": "cpu-demo"},
+                    {"name": "FAKE_ENGINE_TIME_SCALE", "value": "10"},
+                ],
+                "extraArgs": ["--max-num-batched-tokens", "1024"],
+            }
+        )
+    )
+    base = from_profile(get_profile("cpu-demo"), 1024)
+    assert slowed.chunk_tokens == 1024
+    assert slowed.chunk_seconds == pytest.approx(10 * base.chunk_seconds)
+    assert slowed.decode_step(1024)[0] == pytest.approx(10 * base.decode_step(1024)[0])
+
+
+def test_the_feed_drives_the_planner_prefill_back_from_zero_when_long_prompts_come() -> None:
+    """End to end through the pure parts: a prefill pool at zero, the router's fallbacks (no prefill pod)
+    carrying long prompts, and the plan asks for prefill again."""
+    pool = spec(
+        prefill={"replicas": 0, "autoscaling": scaling({"ttftMilliseconds": 800}, minReplicas=0)},
+        # a tight ITL target: prefill work on the decode pods would cost more replicas than a prefill pool
+        decode={"autoscaling": scaling({"itlMilliseconds": 12})},
+    )
+    settings = planner_settings(pool, {"prefill": 0, "decode": 2})
+    assert settings is not None
+    planner = Planner(settings, capacity_seed(pool))
+    quiet = observation(
+        0.0,
+        15.0,
+        reading(None, replicas=0, ready=0),
+        reading(None),
+        RouterReading(None, None),
+        capacity_seed(pool).kv_capacity_tokens,
+    )
+    assert planner.decide(quiet).prefill.reason == MISSING_METRICS
+    prompts = 20  # in 15 s, 16k tokens each: about a second of prefill work per second on an H100
+    busy = observation(
+        15.0,
+        15.0,
+        reading(None, replicas=0, ready=0),
+        reading(EngineSample(prompts * 16384, prompts * 100, ITL), gauges=(EngineGauges(8, 0, 0.4),) * 2),
+        RouterReading(RouterSample(Counts((0, 0, prompts)), Counts((0, 0, prompts * 16384))), None),
+        capacity_seed(pool).kv_capacity_tokens,
+    )
+    plan = planner.decide(busy)
+    assert plan.prefill.current == 0 and plan.prefill.replicas >= 1
+    assert plan.prefill.reason == PREFILL_BACK
+    assert "TTFT" in plan.prefill.message and "forecast" in plan.prefill.message
