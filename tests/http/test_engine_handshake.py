@@ -142,6 +142,33 @@ async def test_prefill_then_decode_with_the_transfer_instead_of_the_prefill(
     assert "cmpl-req-1" in again["error"]["message"] and "lease" in again["error"]["message"]
 
 
+async def test_the_decode_engine_records_the_read_as_vllms_nixl_metrics(
+    pair: tuple[RunningEngine, RunningEngine], http: aiohttp.ClientSession
+) -> None:
+    prefill, decode = pair
+    body = {"model": MODEL, "prompt": LONG_PROMPT, "max_tokens": 2}
+    prefilled = await post(http, f"{prefill.url}/v1/completions", prefill_leg(body), "m-1")
+    decoded = await post(
+        http,
+        f"{decode.url}/v1/completions",
+        {**body, "kv_transfer_params": prefilled["kv_transfer_params"]},
+        "m",
+    )
+    assert decoded["_status"] == 200
+    profile = get_profile(PROFILE)
+    assert await metric(http, decode, "vllm:nixl_xfer_time_seconds_count") == 1
+    assert await metric(http, decode, "vllm:nixl_xfer_time_seconds_sum") == pytest.approx(
+        timing.nixl_transfer_time(profile, PROMPT_TOKENS) * TIME_SCALE
+    )
+    assert await metric(http, decode, "vllm:nixl_bytes_transferred_sum") == (
+        PROMPT_TOKENS * profile.model.kv_bytes_per_token
+    )
+    assert await metric(http, decode, "vllm:nixl_num_failed_transfers_total") == 0
+    # the prefill engine served the read; it transferred nothing itself and its lease did not expire
+    assert await metric(http, prefill, "vllm:nixl_bytes_transferred_count") == 0
+    assert await metric(http, prefill, "vllm:nixl_num_kv_expired_reqs_total") == 0
+
+
 async def test_a_reused_request_id_does_not_clash_with_held_kv(
     pair: tuple[RunningEngine, RunningEngine], http: aiohttp.ClientSession
 ) -> None:
@@ -191,6 +218,9 @@ async def test_expired_lease_fails_the_decode_leg(http: aiohttp.ClientSession) -
         assert failed["error"]["type"] == "InternalServerError"
         assert "lease expired" in failed["error"]["message"]
         assert await metric(http, prefill, "vllm:kv_cache_usage_perc") == 0.0
+        assert await metric(http, prefill, "vllm:nixl_num_kv_expired_reqs_total") == 1
+        assert await metric(http, decode, "vllm:nixl_num_failed_transfers_total") == 1
+        assert await metric(http, decode, "vllm:nixl_xfer_time_seconds_count") == 0
 
 
 async def test_unknown_engine_fails_the_decode_leg(
@@ -226,6 +256,7 @@ async def test_unreachable_prefill_engine_fails_the_streamed_decode_leg(
     error = json.loads(events[0][len("data: ") :])["error"]
     assert error["code"] == 500 and "cannot reach its NIXL side channel" in error["message"]
     assert events[-1] == "data: [DONE]"
+    assert await metric(http, decode, "vllm:nixl_num_failed_transfers_total") == 1
 
 
 async def test_incomplete_params_are_ignored_and_the_prompt_is_prefilled_locally(

@@ -32,8 +32,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 NAMESPACE = "default"
 OPERATOR_NAMESPACE = "inferencepool-system"
-# vLLM's NIXL connector metrics, which the fake engine does not export yet (see tests/unit).
-NOT_IN_FAKE_ENGINE = {"vllm:nixl_xfer_time_seconds", "vllm:nixl_num_failed_transfers"}
 STAGED = {
     ("InferencePoolLatencyTargetMissed", "prefill"),
     ("InferencePoolScalingLimited", "prefill"),
@@ -188,6 +186,18 @@ async def test_engine_series_carry_pool_and_role_from_pod_labels(stack: Stack) -
     assert {s["metric"]["role"] for s in pods} == {"prefill", "decode"}
 
 
+async def test_nixl_reads_are_recorded_by_the_decode_engine_that_reads(stack: Stack) -> None:
+    series = await stack.prometheus.wait_for("vllm:nixl_bytes_transferred_count > 0")
+    assert {(s["metric"]["pool"], s["metric"]["role"]) for s in series} == {("demo", "decode")}
+    (failed,) = await stack.prometheus.wait_for(
+        'vllm:nixl_num_failed_transfers_total{pool="demo", role="decode"}'
+    )
+    assert float(failed["value"][1]) == 0.0
+    # Every engine with a NIXL connector exports the counters, the prefill side's expiry count included.
+    expired = await stack.prometheus.wait_for("vllm:nixl_num_kv_expired_reqs_total")
+    assert len(expired) == 3
+
+
 async def test_every_dashboard_query_returns_data(stack: Stack) -> None:
     # A scaling decision inside the annotation's window.
     await asyncio.sleep(3)
@@ -195,7 +205,7 @@ async def test_every_dashboard_query_returns_data(stack: Stack) -> None:
         stack.operator, "broken", "prefill", observed_ms=1500, current=2, desired=3, ready=1,
         decision_reason="TargetExceeded", scaling_limited=True, degraded=True,
     )  # fmt: skip
-    problems = await check_dashboard(stack.prometheus, NAMESPACE, ["demo", "broken"], NOT_IN_FAKE_ENGINE)
+    problems = await check_dashboard(stack.prometheus, NAMESPACE, ["demo", "broken"], set())
     assert not problems, "\n".join(problems)
 
 
@@ -216,7 +226,7 @@ async def test_staged_alerts_fire_for_the_broken_pool_only(stack: Stack) -> None
     ]
     assert {a["labels"]["reason"] for a in fallback} == {"prefill_failed"}
     assert all("broken" in a["annotations"]["summary"] for a in fallback)
-    # Not stageable with the fake engine (no NIXL failure counter): it must at least not fire.
+    # Not staged (no decode engine reads from the broken pool's unreachable prefill pod): must not fire.
     assert ("InferencePoolKVTransferFailures", "decode") not in firing
 
 

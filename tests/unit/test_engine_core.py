@@ -172,6 +172,28 @@ def test_held_kv_expires_after_the_lease() -> None:
     assert prefill.kv_usage == 0.0
 
 
+def test_expired_and_failed_nixl_reads_are_counted_once_per_tp_worker() -> None:
+    tp2 = H100.with_overrides(tensor_parallel=2)
+    prefill = EngineCore(tp2, "p", nixl=True, kv_lease_s=30.0)
+    finished_at, blocks = _prefill_then_hold(prefill, "read", prompt(1, 2000))
+    prefill.release_hold("read", "p", finished_at + 1, blocks)
+    assert prefill.stats.nixl_kv_expired_reqs == 0  # read in time
+    finished_at, _ = _prefill_then_hold(prefill, "late", prompt(2, 2000))
+    assert prefill.schedule(finished_at + 30.0) is None
+    assert prefill.stats.nixl_kv_expired_reqs == 2  # each worker reaps its lease (nixl/base_worker.py)
+    decode = EngineCore(tp2, "d", nixl=True)
+    source = RemotePrefill("p", "late", "10.0.0.1", 5600, (1, 2))
+    run_virtual(
+        decode, [(0.0, EngineRequest("y", prompt(2, 100), 5, remote_prefill=source))], lambda r, n: None
+    )
+    assert decode.stats.nixl_failed_transfers == 0
+    run_virtual(
+        decode, [(0.0, EngineRequest("z", prompt(3, 100), 5, remote_prefill=source))], lambda r, n: "gone"
+    )
+    assert decode.stats.nixl_failed_transfers == 2
+    assert prefill.stats.nixl_failed_transfers == decode.stats.nixl_kv_expired_reqs == 0
+
+
 def test_without_nixl_a_prefill_leg_holds_nothing() -> None:
     engine = EngineCore(H100, "p", nixl=False)
     run_virtual(engine, [(0.0, EngineRequest("r", prompt(1, 2000), 1, remote_decode=True))])

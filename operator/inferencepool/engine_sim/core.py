@@ -208,6 +208,9 @@ class EngineStats:
     pd_push_failures: int = 0  # ... pushes a rank could not complete (receiver unreachable or full)
     pd_rejected_chunks: int = 0  # LMCache PD receiver: chunks refused because the PD buffer was full
     pd_loaded_tokens: int = 0  # ... prompt tokens loaded from the PD buffer instead of prefilled
+    # NIXL, counted per TP worker as vLLM's workers each count and the engine sums them (stats.py aggregate):
+    nixl_failed_transfers: int = 0  # decode side: reads that failed (side channel unreachable or refused)
+    nixl_kv_expired_reqs: int = 0  # prefill side: holds released because their lease expired unread
     request_success: dict[str, int] = field(default_factory=dict)
     requests_failed: int = 0
     steps: int = 0
@@ -379,6 +382,9 @@ class EngineCore:
         A failed read fails the request, as vLLM does with kv_load_failure_policy "fail" (the request finishes
         with an error); with "recompute" the request goes back to the queue and is prefilled locally.
         """
+        if error is not None:
+            # The transport failed whatever became of the request (vLLM counts failed handshakes and reads).
+            self.stats.nixl_failed_transfers += self.profile.tensor_parallel
         seq = self._by_id.get(request_id)
         if seq is None or seq.state is not _State.WAITING_FOR_KV:
             return None
@@ -593,6 +599,7 @@ class EngineCore:
         for request_id, (seq, hold) in list(self._holds.items()):
             if hold.expires_at <= now:
                 del self._holds[request_id]
+                self.stats.nixl_kv_expired_reqs += self.profile.tensor_parallel
                 self._free(seq)
                 seq.state = _State.DONE
                 self._by_id.pop(request_id, None)

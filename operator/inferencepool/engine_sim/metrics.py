@@ -27,6 +27,10 @@ REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
     120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
+# vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py, NixlPromMetrics: the transfer-time buckets
+# without their first (0.001), and bytes in powers of two from 2 KiB to 8 GiB.
+NIXL_XFER_TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+NIXL_BYTES_BUCKETS = tuple(float(2 ** (10 + i)) for i in range(1, 25, 2))
 
 
 class _CoreCollector(Collector):
@@ -73,8 +77,27 @@ class _CoreCollector(Collector):
         for reason in FINISH_REASONS:
             success.add_metric([*values, reason], stats.request_success.get(reason, 0))
         yield success
+        if core.nixl:
+            yield from self._nixl_counters()
         if core.lmcache is not None and core.lmcache.pd_role is not None:
             yield from self._pd_counters()
+
+    def _nixl_counters(self) -> Iterator[Metric]:
+        # NixlPromMetrics' counters (nixl/stats.py), exported from start as vLLM's per-engine children are.
+        stats = self._core.stats
+        counters = (
+            ("vllm:nixl_num_failed_transfers",
+             "Number of failed NIXL KV Cache transfers, including handshake and notification failures. "
+             "NOTE: KV expiry is tracked separately in vllm:nixl_num_kv_expired_reqs.",
+             stats.nixl_failed_transfers),
+            ("vllm:nixl_num_kv_expired_reqs",
+             "Number of requests that had their KV expire. NOTE: This metric is tracked on the P instance.",
+             stats.nixl_kv_expired_reqs),
+        )  # fmt: skip
+        for name, doc, value in counters:
+            counter = CounterMetricFamily(name, doc, labels=LABELS)
+            counter.add_metric(self._labels, value)
+            yield counter
 
     def _pd_counters(self) -> Iterator[Metric]:
         # Not vLLM metrics: what the fake's LMCache PD emulation did (LMCache has its own, on another port).
@@ -142,6 +165,9 @@ class EngineMetrics:
             "Wall seconds engine steps started behind the timing model (CPU starvation of the fake engine).",
             registry=self.registry,
         )
+        self.nixl = (
+            _NixlHistograms(self.registry, labels, core.profile.tensor_parallel) if core.nixl else None
+        )
         self.e2e = Histogram(
             "vllm:e2e_request_latency_seconds",
             "Histogram of e2e request latency in seconds.",
@@ -149,3 +175,31 @@ class EngineMetrics:
             buckets=REQUEST_LATENCY_BUCKETS,
             registry=self.registry,
         ).labels(*labels)
+
+
+class _NixlHistograms:
+    """NixlPromMetrics' transfer histograms, observed once per TP worker as each of vLLM's workers records its
+    own transfer (its shard of the KV) and the engine sums their stats."""
+
+    def __init__(self, registry: CollectorRegistry, labels: tuple[str, str], tensor_parallel: int) -> None:
+        self._workers = tensor_parallel
+        self.xfer_time = Histogram(
+            "vllm:nixl_xfer_time_seconds",
+            "Histogram of transfer duration for NIXL KV Cache transfers.",
+            LABELS,
+            buckets=NIXL_XFER_TIME_BUCKETS,
+            registry=registry,
+        ).labels(*labels)
+        self.bytes_transferred = Histogram(
+            "vllm:nixl_bytes_transferred",
+            "Histogram of bytes transferred per NIXL KV Cache transfers.",
+            LABELS,
+            buckets=NIXL_BYTES_BUCKETS,
+            registry=registry,
+        ).labels(*labels)
+
+    def observe_read(self, seconds: float, total_bytes: int) -> None:
+        """One KV read: each worker moves its 1/TP shard in `seconds` (the shards move in parallel)."""
+        for _ in range(self._workers):
+            self.xfer_time.observe(seconds)
+            self.bytes_transferred.observe(total_bytes / self._workers)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import ClientError, web
 
-from inferencepool.engine_sim import protocol
+from inferencepool.engine_sim import protocol, timing
 from inferencepool.engine_sim.core import RemoteRead
 from inferencepool.engine_sim.httputil import app_runner, bound_port, error_response, json_response, url_host
 
@@ -110,7 +110,14 @@ class SideChannel:
                 f"KV transfer from engine {source.engine_id} at {source.host}:{source.port} failed: "
                 f"cannot reach its NIXL side channel ({exc.__class__.__name__}: {exc})"
             )
-        failure = engine.core.remote_read_done(read.request_id, engine.model_now(), error)
+        core = engine.core
+        seconds = timing.nixl_transfer_time(core.profile, read.tokens)
+        if error is None and engine.metrics.nixl is not None:
+            # Observed as the transfer starts (vLLM records it as it completes; the duration is the same).
+            engine.metrics.nixl.observe_read(
+                seconds * engine.config.time_scale, read.tokens * core.profile.model.kv_bytes_per_token
+            )
+        failure = core.remote_read_done(read.request_id, engine.model_now(), error, transfer_seconds=seconds)
         if failure is not None:
             engine.deliver(failure)
         engine.wake()
