@@ -4,12 +4,14 @@ registry) read into the planner's inputs, table by table, and a pool's spec as t
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client import generate_latest
 
-from inferencepool.api.v1alpha1 import InferencePoolSpec
+from inferencepool.api.v1alpha1 import InferencePool, InferencePoolSpec
 from inferencepool.autoscaler.capacity import from_profile
 from inferencepool.autoscaler.feed import (
     Deltas,
@@ -25,9 +27,11 @@ from inferencepool.autoscaler.feed import (
 from inferencepool.autoscaler.histogram import ITL_METRIC, TTFT_METRIC, Counts, Histogram, parse_page
 from inferencepool.autoscaler.planner import MISSING_METRICS, PREFILL_BACK, Planner, RouteLoad
 from inferencepool.autoscaler.planning import capacity_seed, planner_settings
+from inferencepool.builders.common import PoolRef, engine_name
 from inferencepool.engine_sim.core import EngineCore
 from inferencepool.engine_sim.metrics import EngineMetrics
 from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.observability.metrics import RECOMMENDED_REPLICAS
 from inferencepool.router.metrics import LiveState, RouterMetrics
 from inferencepool.router.pods import PodSet
 from inferencepool.router.policy import Route
@@ -301,3 +305,20 @@ def test_the_feed_drives_the_planner_prefill_back_from_zero_when_long_prompts_co
     assert plan.prefill.current == 0 and plan.prefill.replicas >= 1
     assert plan.prefill.reason == PREFILL_BACK
     assert "TTFT" in plan.prefill.message and "forecast" in plan.prefill.message
+
+
+def test_the_keda_example_follows_the_exported_recommendation_of_its_pool() -> None:
+    path = Path(__file__).parents[2] / "examples" / "keda" / "decode-external.yaml"
+    pool_document, scaled = list(yaml.safe_load_all(path.read_text()))
+    pool_document["metadata"].update(namespace="default", uid="example")
+    pool = InferencePool.model_validate(pool_document)
+    decode = pool.spec.decode.autoscaling
+    assert decode is not None and decode.mode == "External"
+    assert scaled["spec"]["scaleTargetRef"]["name"] == engine_name(PoolRef.of(pool), "decode")
+    assert (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"]) == (
+        decode.min_replicas,
+        decode.max_replicas,
+    )
+    query = scaled["spec"]["triggers"][0]["metadata"]["query"]
+    assert query.startswith(f"max({RECOMMENDED_REPLICAS}{{")
+    assert f'pool="{pool.name()}"' in query and 'role="decode"' in query
