@@ -115,9 +115,9 @@ def phase(kube: Kube, namespace: str) -> dict[str, Any]:
 
 
 def diagnose(cluster: TestCluster, namespace: str) -> str:
-    """`inferencepool diagnose POOL -n NS` over 8 s of the running workload (no what-if: verdicts only)."""
+    """`inferencepool diagnose POOL -n NS` over 16 s of the running workload (no what-if: verdicts only)."""
     command = [sys.executable, "-m", "inferencepool", "diagnose", POOL, "-n", namespace]
-    command += ["--kubeconfig", str(cluster.kubeconfig), "--seconds", "8", "--sample-seconds", "2"]
+    command += ["--kubeconfig", str(cluster.kubeconfig), "--seconds", "16", "--sample-seconds", "2"]
     result = subprocess.run(
         [*command, "--no-what-if"], capture_output=True, text=True, timeout=120, check=False, cwd=ROOT
     )

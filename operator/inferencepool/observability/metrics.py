@@ -36,7 +36,12 @@ DECISION_REASONS: Final = (
     "LatencyGuard",
     "PrefillToZero",
     "PrefillBack",
+    "RatioBound",
+    "BudgetLimited",
     "ScalingLimited",
+    "ScaleDownDelay",
+    "Steady",
+    "MissingMetrics",
     "Other",
 )
 # status.bottleneck.phase (inferencepool.diagnosis); anything else is reported as Unknown.
