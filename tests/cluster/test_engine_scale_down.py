@@ -10,8 +10,6 @@ its hand-off and every client request succeeds.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +18,13 @@ import pytest
 from kubernetes import client
 from tests.cluster.operator_fixtures import example
 from tests.support.cluster import TestCluster
+from tests.support.routers import discovering_router
 
 from inferencepool.api.v1alpha1 import InferencePool
 from inferencepool.builders import engine
 from inferencepool.builders.common import PoolRef
 from inferencepool.router.config import RouterConfig
-from inferencepool.router.discovery import PodWatcher
-from inferencepool.router.server import Router, serve
-from inferencepool.router.tokens import EstimateCounter
+from inferencepool.router.server import Router
 
 POOL = "drain"
 LONG_PROMPT = "a prompt long enough to be worth a prefill pod " * 40
@@ -63,28 +60,6 @@ def engine_pod(pool: InferencePool, role: str, index: int) -> dict[str, Any]:
     }
 
 
-@contextlib.asynccontextmanager
-async def discovering_router(pool: InferencePool, namespace: str) -> AsyncIterator[tuple[Router, str]]:
-    config = RouterConfig(
-        pool=POOL,
-        namespace=namespace,
-        served_model_name=pool.spec.served_model_name(),
-        policy="AlwaysDisaggregate",
-    )
-    router = Router(config, EstimateCounter())
-    watcher = PodWatcher(POOL, namespace, "http", router.pods.apply, asyncio.get_running_loop())
-    watcher.start()
-    bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(router, "127.0.0.1", 0, on_listening=bound.set_result, stop=stop))
-    try:
-        yield router, f"http://127.0.0.1:{await bound}"
-    finally:
-        stop.set()
-        watcher.stop()
-        await asyncio.wait_for(task, 30)
-
-
 async def until(check: Any, seconds: float, what: str) -> None:
     for _ in range(int(seconds * 5)):
         if check():
@@ -107,7 +82,13 @@ async def test_deleting_a_prefill_pod_under_load_loses_no_hand_off(
     for role, index in (("prefill", 0), ("prefill", 1), ("decode", 0)):
         core.create_namespaced_pod(namespace, engine_pod(pool, role, index))
 
-    async with discovering_router(pool, namespace) as (router, url), aiohttp.ClientSession() as http:
+    config = RouterConfig(
+        pool=POOL,
+        namespace=namespace,
+        served_model_name=pool.spec.served_model_name(),
+        policy="AlwaysDisaggregate",
+    )
+    async with discovering_router(config) as (router, url), aiohttp.ClientSession() as http:
 
         def serving(role: str) -> set[str]:
             return {pod.name for pod in router.pods.by_role(role) if pod.accepts_new}  # type: ignore[arg-type]

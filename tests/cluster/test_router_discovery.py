@@ -8,8 +8,6 @@ server.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +16,11 @@ import pytest
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 from tests.support.cluster import TestCluster
+from tests.support.routers import discovering_router
 
 from inferencepool.api import labels
 from inferencepool.router.config import RouterConfig
-from inferencepool.router.discovery import PodWatcher
-from inferencepool.router.server import Router, serve
-from inferencepool.router.tokens import EstimateCounter
+from inferencepool.router.server import Router
 
 POOL = "disco"
 MODEL = "fake-model"
@@ -49,25 +46,6 @@ def engine_pod(name: str, role: str, profile: str = "zero") -> dict[str, Any]:
             ],
         },
     }
-
-
-@contextlib.asynccontextmanager
-async def discovering_router(namespace: str) -> AsyncIterator[tuple[Router, str]]:
-    config = RouterConfig(
-        pool=POOL, namespace=namespace, served_model_name=MODEL, policy="AlwaysDisaggregate"
-    )
-    router = Router(config, EstimateCounter())
-    watcher = PodWatcher(POOL, namespace, "http", router.pods.apply, asyncio.get_running_loop())
-    watcher.start()
-    bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(router, "127.0.0.1", 0, on_listening=bound.set_result, stop=stop))
-    try:
-        yield router, f"http://127.0.0.1:{await bound}"
-    finally:
-        stop.set()
-        watcher.stop()
-        await asyncio.wait_for(task, 30)
 
 
 async def until(check: Any, seconds: float, what: str, router: Router) -> None:
@@ -112,7 +90,10 @@ async def test_router_follows_the_pools_pods(
     core.create_namespaced_pod(
         namespace, engine_pod("disco-decode-broken", "decode", profile="no-such-profile")
     )
-    async with discovering_router(namespace) as (router, url):
+    config = RouterConfig(
+        pool=POOL, namespace=namespace, served_model_name=MODEL, policy="AlwaysDisaggregate"
+    )
+    async with discovering_router(config) as (router, url):
         await until(
             lambda: serving(router, "decode") == {"disco-decode-0"}, 90, "decode-0 discovered Ready", router
         )
