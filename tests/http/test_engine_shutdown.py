@@ -4,51 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import signal
 import sys
-from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+from tests.support.engines import engine_process as fake_engine_process
 
 
-@contextlib.asynccontextmanager
-async def engine_process(*extra: str) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "inferencepool",
-        "fake-engine",
-        "serve",
+def engine_process(
+    *extra: str,
+) -> contextlib.AbstractAsyncContextManager[tuple[asyncio.subprocess.Process, str]]:
+    return fake_engine_process(
         "meta-llama/Llama-3.1-8B-Instruct",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--served-model-name",
-        "llama-8b",
-        "--profile",
-        "cpu-demo",
-        "--dtype",
-        "bfloat16",
+        *("--served-model-name", "llama-8b", "--profile", "cpu-demo", "--dtype", "bfloat16"),
         "--enable-chunked-prefill",  # a vLLM flag the fake does not know: ignored
-        "--gpu-memory-utilization",
-        "0.9",
+        *("--gpu-memory-utilization", "0.9"),
         *extra,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
     )
-    try:
-        assert process.stdout is not None
-        line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
-        match = re.search(r"listening on (\S+)", line)
-        assert match, line
-        yield process, f"http://{match.group(1)}"
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
 
 
 async def first_chunk_then_rest(response: aiohttp.ClientResponse) -> list[str]:

@@ -6,14 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import signal
-import sys
-from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 from tests.http.router_harness import MODEL, config_for, metric_sum, running_router
+from tests.support.engines import engine_process as fake_engine_process
 from tests.support.engines import running_engine
 
 STREAMS = 12
@@ -21,26 +19,9 @@ MAX_TOKENS = 30
 TIME_SCALE = 25  # the model's time runs slower, so a 30-token answer takes a second or two
 
 
-@contextlib.asynccontextmanager
-async def engine_process() -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+def engine_process() -> contextlib.AbstractAsyncContextManager[tuple[asyncio.subprocess.Process, str]]:
     """A fake engine in its own process, so it can be killed as a crashing pod is (SIGKILL)."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *("-m", "inferencepool", "fake-engine", "serve", MODEL, "--host", "127.0.0.1", "--port", "0"),
-        *("--profile", "cpu-demo", "--time-scale", str(TIME_SCALE)),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    try:
-        assert process.stdout is not None
-        line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
-        match = re.search(r"listening on (\S+)", line)
-        assert match, line
-        yield process, f"http://{match.group(1)}"
-    finally:
-        if process.returncode is None:
-            process.kill()
-        await process.wait()
+    return fake_engine_process(MODEL, "--profile", "cpu-demo", "--time-scale", str(TIME_SCALE))
 
 
 def body_for(i: int) -> tuple[str, dict[str, object]]:

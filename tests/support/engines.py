@@ -10,7 +10,10 @@ model faster than real time; other keywords are EngineConfig fields (nixl, lmcac
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import re
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -60,3 +63,25 @@ async def running_engine(
         yield RunningEngine(engine)
     finally:
         await engine.stop()
+
+
+@contextlib.asynccontextmanager
+async def engine_process(*serve_args: str) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+    """`inferencepool fake-engine serve SERVE_ARGS` in its own process (so a test can signal or kill it, as
+    a pod's engine is) on a free loopback port; yields the process and its base URL, killed at the end."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "inferencepool", "fake-engine", "serve", *serve_args, "--host", "127.0.0.1", "--port", "0"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        assert process.stdout is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
+        match = re.search(r"listening on (\S+)", line)
+        assert match, line
+        yield process, f"http://{match.group(1)}"
+    finally:
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
