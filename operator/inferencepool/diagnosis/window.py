@@ -32,7 +32,7 @@ POD_ROLES: Final[tuple[PodRole, ...]] = ("prefill", "decode", "router")
 WAITING: Final = "vllm:num_requests_waiting"
 RUNNING: Final = "vllm:num_requests_running"
 KV_USAGE: Final = "vllm:kv_cache_usage_perc"
-NIXL_TRANSFER: Final = "vllm:nixl_xfer_time_seconds"  # real vLLM with NixlConnector; the fake has none
+NIXL_TRANSFER: Final = "vllm:nixl_xfer_time_seconds"  # decode side, NixlConnector (the fake exports it too)
 E2E: Final = "vllm:e2e_request_latency_seconds"
 ENGINE_COUNTERS: Final = (
     "vllm:prompt_tokens",
