@@ -7,8 +7,8 @@ import pytest
 
 from inferencepool.engine_sim.profiles import get_profile
 from inferencepool.router.policy import Route, RouteCosts, RouteReason, choose_route_by_cost
+from inferencepool.router.prefix import PrefixIndex, chained_keys
 from inferencepool.sim.cluster import Scenario, simulate
-from inferencepool.sim.routing import PrefixIndex, chained_keys
 from inferencepool.sim.workload import TraceRequest
 
 H100 = get_profile("llama-3.1-8b-h100")

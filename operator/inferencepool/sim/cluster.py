@@ -59,11 +59,11 @@ from inferencepool.engine_sim.profiles import EngineProfile
 from inferencepool.router.config import AdaptiveThresholdConfig, PrefixAffinityConfig
 from inferencepool.router.pods import EngineRole, Pod, PodSet, PodSpec
 from inferencepool.router.policy import Route, RouteCosts, choose_route, choose_route_by_cost
+from inferencepool.router.prefix import PrefixIndex, chained_keys
 from inferencepool.router.prompt import Prompt
 from inferencepool.router.threshold import SampleWindow, adapt, percentile
 from inferencepool.router.tokens import EstimateCounter
 from inferencepool.sim.network import Network
-from inferencepool.sim.routing import PrefixIndex, chained_keys
 from inferencepool.sim.workload import MOONCAKE_BLOCK_TOKENS, TraceRequest, prompt_ids
 
 REJECTED = "rejected"  # longer than max_model_len: the engine answers 400 and nothing runs
