@@ -1,5 +1,6 @@
 """The adaptive-threshold loop: every interval, the pure decision in threshold.py moves the LengthAware
-threshold from the router-observed prefill-leg latencies and decode inter-token gaps."""
+threshold from the router-observed prefill-leg latencies, decode inter-token gaps (their tail) and the time to
+first token of prompts prefilled on decode pods."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class AdaptiveThreshold:
         self.enabled = config.adaptive_threshold.enabled and config.policy == "LengthAware"
         self.prefill_samples = SampleWindow()
         self.itl_samples = SampleWindow()
+        self.direct_ttft_samples = SampleWindow()
 
     async def run(self) -> None:
         settings = self.config.adaptive_threshold
@@ -39,6 +41,7 @@ class AdaptiveThreshold:
             self.config.adaptive_threshold,
             self.prefill_samples,
             self.itl_samples,
+            self.direct_ttft_samples,
         )
         if decision.threshold != self.threshold:
             direction = "up" if decision.threshold > self.threshold else "down"

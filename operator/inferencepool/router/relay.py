@@ -58,7 +58,9 @@ Head = tuple[int, str, Headers]
 
 
 class Relay:
-    """`itl_sample`, when given, also receives every inter-token gap (the adaptive threshold's signal)."""
+    """`itl_sample`, when given, also receives every inter-token gap, and `direct_ttft_sample` the time to
+    first token of every prompt prefilled on a decode pod (direct and fallback routes): the adaptive
+    threshold's signals."""
 
     def __init__(
         self,
@@ -66,9 +68,11 @@ class Relay:
         itl_sample: Callable[[float], None] | None,
         legs: Legs,
         first_byte_seconds: int,
+        direct_ttft_sample: Callable[[float], None] | None = None,
     ) -> None:
         self.metrics = metrics
         self.itl_sample = itl_sample
+        self.direct_ttft_sample = direct_ttft_sample
         self.legs = legs  # to resume a stream on another decode pod
         self.first_byte_seconds = first_byte_seconds
 
@@ -111,7 +115,7 @@ class Relay:
         if not retriable:
             reply.start(*head)
         sent: list[bytes] | None = [] if resumable is not None else None
-        broke = await self._stream(reply, leg, route, started, head, retriable, sent, False)
+        broke = await self._stream(reply, leg, route, started, head, retriable, sent, None)
         if broke is None:
             return
         if resumable is not None and sent is not None and not reply.closed:
@@ -132,17 +136,19 @@ class Relay:
         head: Head,
         retriable: bool,
         sent: list[bytes] | None,
-        resumed: bool,
+        continued: resume.Continued | None,
     ) -> UpstreamFailure | None:
         """Relay one leg's stream: None once it ended, the failure when it broke after the client got
         something (NothingSent when `retriable` and nothing was sent). With `sent`, keeps every byte sent and
-        holds a partial event back until it is whole."""
+        holds a partial event back until it is whole. A continuation's events go out as `continued` rewrites
+        them."""
         upstream = leg.response
         pod = leg.pod
         reply.on_backpressure(upstream.pause, upstream.resume)
         itl_metric = self.metrics.itl_by_route[route]
         ttft_metric = self.metrics.ttft_by_route[route]
         sample = self.itl_sample
+        ttft_sample = self.direct_ttft_sample if route != "disaggregated" else None
         pending: list[bytes] = []
         previous = 0.0
         refused: list[bytes] = []
@@ -156,8 +162,10 @@ class Relay:
                 itl_metric.observe(gap)
                 if sample is not None:
                     sample(gap)
-            elif not resumed:
+            elif continued is None:
                 ttft_metric.observe(now - started)
+                if ttft_sample is not None:
+                    ttft_sample(now - started)
             previous = now
             pending.append(data)
 
@@ -180,6 +188,8 @@ class Relay:
                     whole = data.rfind(b"\n\n") + 2  # 1 when none: nothing whole to send yet
                     whole = whole if whole > 1 else 0
                     data, held = data[:whole], data[whole:]
+                if continued is not None:
+                    data = continued.events(data)
                 sent.append(data)
             if complete:
                 reply.end(data)
@@ -245,7 +255,8 @@ class Relay:
                 ) as continued:
                     if continued.response.status != 200:
                         return False
-                    failure = await self._stream(reply, continued, route, started, head, False, sent, True)
+                    rewrite = resume.Continued.of(b"".join(sent), done)
+                    failure = await self._stream(reply, continued, route, started, head, False, sent, rewrite)
                     avoid.add(continued.pod.name)
             except UpstreamError as error:
                 log.warning("no decode pod could resume the stream: %s", error)

@@ -109,7 +109,8 @@ class Router:
             else None
         )
         itl_sample = self.adaptive.itl_samples.add if self.adaptive.enabled else None
-        relay = Relay(self.metrics, itl_sample, legs, timeouts.first_byte_seconds)
+        ttft_sample = self.adaptive.direct_ttft_samples.add if self.adaptive.enabled else None
+        relay = Relay(self.metrics, itl_sample, legs, timeouts.first_byte_seconds, ttft_sample)
         self._orchestrator = Orchestrator(
             config, self.counter, legs, transfer, relay, self.metrics, self.adaptive, calibrator
         )

@@ -272,6 +272,7 @@ class ClusterSim:
         self.threshold = scenario.threshold_tokens
         self.prefill_samples = SampleWindow()
         self.itl_samples = SampleWindow()
+        self.direct_ttft_samples = SampleWindow()  # prompts prefilled on decode pods (adaptive threshold)
         self.replicas: list[Replica] = []
         self.by_engine: dict[str, Replica] = {}
         self.records = [
@@ -699,6 +700,8 @@ class ClusterSim:
             record.first_token = now
             if record.route != "disaggregated" and self._planner is not None:
                 self._direct_ttfts.append((now, now - record.arrival))
+            if record.route != "disaggregated" and self.scenario.adaptive is not None:
+                self.direct_ttft_samples.add(now - record.arrival)
         else:
             assert record.last_token is not None
             gap = now - record.last_token
@@ -916,7 +919,12 @@ class ClusterSim:
         config = self.scenario.adaptive
         assert config is not None
         decision = adapt(
-            self.threshold, self.scenario.threshold_tokens, config, self.prefill_samples, self.itl_samples
+            self.threshold,
+            self.scenario.threshold_tokens,
+            config,
+            self.prefill_samples,
+            self.itl_samples,
+            self.direct_ttft_samples,
         )
         if decision.threshold != self.threshold:
             self.threshold = decision.threshold
