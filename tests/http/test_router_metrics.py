@@ -104,8 +104,9 @@ async def test_adaptive_threshold_rises_while_prefill_lags_and_decode_has_headro
             },
         )
         async with running_router(config) as router:
-            for _ in range(3):
-                status, _, headers = await complete(router.url, LONG_PROMPT, stream=True, max_tokens=6)
+            for i in range(3):  # distinct prompts: a repeated one is cached on the decode pod (goes direct)
+                prompt = f"request {i}: {LONG_PROMPT}"
+                status, _, headers = await complete(router.url, prompt, stream=True, max_tokens=6)
                 assert status == 200 and headers["X-Inferencepool-Route"] == "disaggregated"
             for _ in range(30):
                 if router.router.threshold > 50:

@@ -84,7 +84,23 @@ class PrefixAffinityConfig(_Model):
     block_tokens: Annotated[int, Field(ge=1, description="tokens per hashed block (LMCache chunk size)")] = (
         256
     )
-    blocks: Annotated[int, Field(ge=1, le=64, description="leading blocks that make up the affinity key")] = 1
+    blocks: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=64,
+            description="leading blocks a shared prefix needs before it keeps requests together (shorter "
+            "ones, such as a system prompt, spread by load); also the affinity key's length",
+        ),
+    ] = 4
+    index_blocks: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=1_000_000,
+            description="block keys the router remembers per pod, least recently sent first out",
+        ),
+    ] = 32768
     load_factor_percent: Annotated[
         int,
         Field(
@@ -203,6 +219,15 @@ class RouterConfig(_Model):
     max_attempts: Annotated[
         int, Field(ge=1, le=10, description="pods tried per leg when a connection fails before any byte")
     ] = 3
+    engine_metrics_interval_milliseconds: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=60_000,
+            description="how often each engine's /metrics is read for its running and waiting requests and "
+            "KV usage (load signals for pod and route choice); 0 turns it off",
+        ),
+    ] = 500
     resume_streams: Annotated[
         bool,
         Field(description="continue a stream on another decode pod when its engine dies mid-answer"),

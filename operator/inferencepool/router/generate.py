@@ -1,5 +1,7 @@
-"""Route orchestration for one generation request: read and count the prompt, choose the route, run the
-transfer mode's prefill leg when disaggregated, then the decode leg and its relay to the client."""
+"""Route orchestration for one generation request: read and count the prompt (and hash its blocks, in the
+same pass), choose the decode pod (longest cached prefix under the load bound, pods.py and prefix.py), then
+the route from that pod's uncached tokens and both pools' queues (policy.choose_route_by_cost, costs.py),
+run the transfer mode's prefill leg when disaggregated, then the decode leg and its relay to the client."""
 
 from __future__ import annotations
 
@@ -13,18 +15,21 @@ import orjson
 from inferencepool.router.adaptive import AdaptiveThreshold
 from inferencepool.router.calibration import Calibrator
 from inferencepool.router.config import RouterConfig
+from inferencepool.router.costs import PrefillSpeed, route_costs
 from inferencepool.router.errors import UpstreamError
 from inferencepool.router.http1 import Reply, Request
 from inferencepool.router.legs import Legs
 from inferencepool.router.metrics import RouterMetrics
-from inferencepool.router.pods import Pod
-from inferencepool.router.policy import Route, choose_route
+from inferencepool.router.pods import Pod, Queued
+from inferencepool.router.policy import Route, choose_route_by_cost
 from inferencepool.router.prompt import BadRequest, Endpoint, read_prompt
 from inferencepool.router.relay import NothingSent, Relay, Resumable
 from inferencepool.router.tokens import TokenCounter
 from inferencepool.router.transfer import ClientRequest, Transfer
 
 log = logging.getLogger("inferencepool.router")
+
+MAX_PREFIX_BLOCKS = 1024  # blocks hashed per prompt (256k tokens at 256 a block)
 
 
 class Orchestrator:
@@ -48,7 +53,9 @@ class Orchestrator:
         self.threshold = threshold
         self.calibrator = calibrator
         tuning = config.prefix_affinity
-        self._affinity_tokens = tuning.block_tokens * tuning.blocks if tuning.enabled else None
+        self._block_tokens = tuning.block_tokens if tuning.enabled else 0
+        self._ttft_target = config.adaptive_threshold.ttft_target_milliseconds / 1000
+        self.speed = PrefillSpeed()
 
     async def generate(self, request: Request, reply: Reply, endpoint: Endpoint) -> None:
         started = time.monotonic()
@@ -58,17 +65,36 @@ class Orchestrator:
         except orjson.JSONDecodeError as error:
             raise BadRequest(f"request body is not valid JSON: {error}") from error
         prompt = read_prompt(body, endpoint, self.config.served_model_name)
-        tokens, affinity = self.counter.measure(prompt, self._affinity_tokens)
+        block_tokens = self._block_tokens
+        if block_tokens:
+            tokens, keys = self.counter.measure_prefix(prompt, block_tokens, MAX_PREFIX_BLOCKS)
+        else:
+            tokens, keys = self.counter.measure(prompt, None)[0], []
         self.metrics.prompt_tokens.observe(tokens)
         calibrator = self.calibrator
         if calibrator is not None and calibrator.wants_sample:
             calibrator.offer(endpoint, body, prompt)
         pods = self.legs.pods
-        route = choose_route(
-            self.config.policy, tokens, self.threshold.threshold, pods.has_available("prefill")
-        )
+        now = time.monotonic()
+        policy = self.config.policy
+        decode_pod, cached_blocks = pods.choose("decode", now, keys)
+        uncached = tokens - min(cached_blocks * block_tokens, tokens - 1) if cached_blocks else tokens
+        prefill_ready = pods.has_available("prefill")
+        prefill_pod: Pod | None = None
+        prefill_tokens = tokens
+        if prefill_ready and policy != "Colocated":
+            prefill_pod, prefill_blocks = pods.choose("prefill", now, keys)
+            if prefill_blocks:
+                prefill_tokens = tokens - min(prefill_blocks * block_tokens, tokens - 1)
+        speed = self.speed
+        costs = route_costs(speed, uncached, prefill_pod, decode_pod, self._ttft_target)
+        route, reason = choose_route_by_cost(policy, costs, self.threshold.threshold, prefill_ready, tokens)
+        self.metrics.decisions_by_reason[reason].inc()
+        speed.observe_prompt(uncached)
         if route is Route.FALLBACK:
             self.metrics.fallbacks.labels("no_prefill_pod").inc()
+        if decode_pod is not None:
+            pods.sent(decode_pod, keys)  # it computes the prompt, or the transfer lands its KV there
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         headers = [("Content-Type", "application/json"), ("X-Request-Id", request_id)]
         authorization = request.headers.get("authorization")
@@ -76,41 +102,48 @@ class Orchestrator:
             headers.append(("Authorization", authorization))
 
         decode_payload = raw
-        decode_affinity = affinity
-        decode_pod: Pod | None = None
-        if route is Route.DISAGGREGATED:
-            handoff = await self.transfer.prefill(
-                ClientRequest(request.path, endpoint, raw, body, headers, affinity, prompt)
-            )
+        if route is Route.DISAGGREGATED and prefill_pod is not None:
+            pods.sent(prefill_pod, keys)
+            found_idle = prefill_pod.queued_tokens == 0 and prefill_pod.engine_waiting == 0
+            work = Queued(prefill_pod, prefill_tokens)
+            leg_started = time.monotonic()
+            try:
+                handoff = await self.transfer.prefill(
+                    ClientRequest(
+                        request.path, endpoint, raw, body, headers, None, prompt, prefill_pod, decode_pod
+                    )
+                )
+            finally:
+                work.release()
             if handoff is None or handoff.payload is None:
                 route = Route.FALLBACK  # counted by reason where it failed
             else:
                 decode_payload = handoff.payload
-                # The KV arrives from the prefill pod, so the decode pod's own prefix cache does not matter.
-                decode_affinity = None
-            if handoff is not None:
+                if found_idle:
+                    speed.observe_leg(time.monotonic() - leg_started, prefill_tokens)
+            if handoff is not None and handoff.pod is not None:
                 decode_pod = handoff.pod
         job = _Job(request, reply, prompt.stream, headers, started, None, tokens)
+        if route is not Route.DISAGGREGATED and decode_pod is not None:
+            job.queued = Queued(decode_pod, uncached)  # released at the first token (relay.py)
         if prompt.stream and self.config.resume_streams:
             job.resumable = Resumable(endpoint, body, request.path, headers)
         if route is Route.DISAGGREGATED:
             try:
-                await self._decode(job, route, decode_payload, None, decode_pod)
+                await self._decode(job, route, decode_payload, decode_pod)
                 return
             except NothingSent as failure:
                 # Nothing reached the client (the KV source died, the transfer failed): serve it whole.
                 log.warning("decode leg after a KV transfer failed, serving colocated: %s", failure)
                 self.metrics.fallbacks.labels("decode_leg_failed").inc()
-                route, decode_payload, decode_affinity, decode_pod = Route.FALLBACK, raw, affinity, None
-        await self._decode(job, route, decode_payload, decode_affinity, decode_pod)
+                route, decode_payload, decode_pod = Route.FALLBACK, raw, None
+        await self._decode(job, route, decode_payload, decode_pod)
 
     def _count(self, job: _Job, route: Route) -> None:
         self.metrics.requests_by_route[route].inc()
         self.metrics.prompt_tokens_by_route[route].inc(job.tokens)
 
-    async def _decode(
-        self, job: _Job, route: Route, payload: bytes, affinity: int | None, pod: Pod | None
-    ) -> None:
+    async def _decode(self, job: _Job, route: Route, payload: bytes, pod: Pod | None) -> None:
         """The decode leg and its relay, counted under `route`.
 
         On the disaggregated route a failure before anything reached the client that another try could
@@ -127,11 +160,12 @@ class Orchestrator:
                 job.request.path,
                 payload,
                 job.headers,
-                affinity,
+                None,
                 job.stream,
                 self.config.timeouts.first_byte_seconds,
                 pod,
             ) as leg:
+                leg.queued = job.queued
                 await self.relay.send(
                     job.reply, leg, route, job.stream, job.started, retriable, job.resumable
                 )
@@ -147,6 +181,9 @@ class Orchestrator:
             if retriable:
                 self._count(job, route)
             raise
+        finally:
+            if job.queued is not None:
+                job.queued.release()
         if retriable:
             self._count(job, route)
 
@@ -162,3 +199,4 @@ class _Job:
     started: float
     resumable: Resumable | None
     tokens: int = 0  # prompt tokens as counted, for the per-route token counter the autoscaler reads
+    queued: Queued | None = None  # a direct prompt's prefill work on its decode pod, until its first token

@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from inferencepool.router.pods import PodSet
-from inferencepool.router.policy import Route
+from inferencepool.router.policy import Route, RouteReason
 
 PREFIX = "inferencepool_router"
 # vLLM's own TTFT and ITL buckets, so router-observed and engine-observed figures line up bucket for bucket.
@@ -162,6 +162,13 @@ class RouterMetrics:
             ["reason"],
             registry=registry,
         )
+        self.decisions = Counter(
+            f"{PREFIX}_disaggregation_decisions",
+            "Route decisions by reason: policy, short, cached (long but the decode pod holds its prefix), "
+            "long, prefill_busy, decode_busy, prefill_idle, no_prefill_pod",
+            ["reason"],
+            registry=registry,
+        )
         self.retries = Counter(
             f"{PREFIX}_retries",
             "Legs retried on another pod after a connection failure",
@@ -196,6 +203,7 @@ class RouterMetrics:
         self.prompt_tokens_by_route = {
             route: self.routed_prompt_tokens.labels(route.value) for route in Route
         }
+        self.decisions_by_reason = {reason: self.decisions.labels(reason.value) for reason in RouteReason}
         self.ttft_by_route = {route: self.ttft.labels(route.value) for route in Route}
         self.itl_by_route = {route: self.itl.labels(route.value) for route in Route}
         for reason in (

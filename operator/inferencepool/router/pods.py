@@ -1,5 +1,10 @@
 """The engine pods the router knows and how it picks one (pure, no I/O; time is passed in).
 
+The live router chooses with `PodSet.choose`: the longest cached prefix under a load bound, ties and cold
+prefixes by rendezvous hashing (prefix.py), from each pod's load: the router's own requests in flight or,
+when larger, what the engine itself reports running and waiting (scraped off the request path, which also
+shows other router replicas' requests). `PodSet.pick` stays for callers without prompt keys:
+
 Pick = least outstanding requests, or, when the request has a prefix-affinity key, consistent hashing with
 bounded loads (Mirrokni, Thorup, Zadimoghaddam, "Consistent Hashing with Bounded Loads", 2018): walk the hash
 ring from the key and take the first pod whose load stays under `load_factor` x the mean, so one hot prefix
@@ -16,6 +21,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
 
+from inferencepool.router import prefix
+from inferencepool.router.prefix import PrefixIndex
+
 EngineRole = Literal["prefill", "decode"]
 ROLES: tuple[EngineRole, ...] = ("prefill", "decode")
 
@@ -23,6 +31,10 @@ ROLES: tuple[EngineRole, ...] = ("prefill", "decode")
 # serve.
 COOLDOWN_SECONDS = 1.0
 COOLDOWN_MAX_SECONDS = 30.0
+# An engine this full of KV with requests waiting preempts or queues whatever it gets next: it takes new
+# requests only when no other pod can.
+KV_FULL = 0.95
+DEFAULT_INDEX_BLOCKS = 32768
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +62,26 @@ class Pod:
     outstanding: int = 0
     consecutive_failures: int = 0
     cooldown_until: float = 0.0
+    # what the engine last reported on its /metrics (engine_load.py), and the prefill work the router sent
+    # that has not produced its first token yet (tokens)
+    engine_running: int = 0
+    engine_waiting: int = 0
+    kv_usage: float = 0.0
+    queued_tokens: int = 0
+    seed: int = 0  # the name's rendezvous seed
+
+    def __post_init__(self) -> None:
+        self.seed = prefix.name_seed(self.name)
+
+    @property
+    def load(self) -> int:
+        """Requests on the pod: the router's own in flight, or the engine's count when it sees more (other
+        router replicas' requests, or ones the router already let go of)."""
+        return max(self.outstanding, self.engine_running + self.engine_waiting)
+
+    @property
+    def kv_full(self) -> bool:
+        return self.kv_usage >= KV_FULL and self.engine_waiting > 0
 
     @property
     def host(self) -> str:
@@ -103,6 +135,23 @@ class in_flight:  # a context manager used as `with in_flight(pod) as hold:`, na
             self.pod.outstanding -= 1
 
 
+class Queued:
+    """Prefill work the router sent a pod, counted in its `queued_tokens` until the first token (or the
+    prefill leg's answer) came back: `release()` once, however the leg ends (later calls do nothing)."""
+
+    __slots__ = ("pod", "tokens")
+
+    def __init__(self, pod: Pod, tokens: int) -> None:
+        self.pod = pod
+        self.tokens = tokens
+        pod.queued_tokens += tokens
+
+    def release(self) -> None:
+        if self.tokens:
+            self.pod.queued_tokens -= self.tokens
+            self.tokens = 0
+
+
 def _point(data: str) -> int:
     return int.from_bytes(hashlib.blake2b(data.encode(), digest_size=8).digest(), "big")
 
@@ -140,12 +189,17 @@ class PodSet:
     virtual_nodes: int = 64
     # An engine batching a few requests is far from saturated: below this, a prefix hit beats balance.
     min_load_bound: int = 4
+    # prefix choice: blocks a shared prefix needs before it counts, and keys remembered per pod
+    anchor_blocks: int = 4
+    index_blocks: int = DEFAULT_INDEX_BLOCKS
     pods: dict[str, Pod] = field(default_factory=dict)
+    prefixes: PrefixIndex = field(init=False)
     _rings: dict[EngineRole, HashRing] = field(default_factory=dict)
     _rotation: int = 0
 
     def __post_init__(self) -> None:
         self._rings = {role: HashRing(self.virtual_nodes) for role in ROLES}
+        self.prefixes = PrefixIndex(self.index_blocks)
 
     def apply(self, specs: Iterable[PodSpec]) -> None:
         """Replace the known set with a discovery snapshot, keeping counters of pods that stay."""
@@ -160,6 +214,7 @@ class PodSet:
             if fresh.get(name) is not pod:
                 pod.known = False
         self.pods = fresh
+        self.prefixes.retain(fresh)
         for role in ROLES:
             self._rings[role].rebuild(sorted(p.name for p in fresh.values() if p.role == role))
 
@@ -202,3 +257,24 @@ class PodSet:
         # Rotate among equally loaded pods so an idle pool still spreads requests.
         self._rotation += 1
         return tied[self._rotation % len(tied)]
+
+    def choose(
+        self, role: EngineRole, now: float, keys: list[int], exclude: frozenset[str] = frozenset()
+    ) -> tuple[Pod | None, int]:
+        """The pod for a prompt with these chained block keys and its cached prefix in blocks (prefix.py);
+        by load alone (`pick`) when the prompt has no whole block. Pods whose KV is full with requests
+        waiting are left out while others can serve."""
+        candidates = self.available(role, now, exclude)
+        if not keys or not candidates:
+            return self.pick(role, now, None, exclude), 0
+        roomy = [pod for pod in candidates if not pod.kv_full] or candidates
+        choice = prefix.choose(
+            roomy, keys, self.prefixes, self.anchor_blocks, self.load_factor, self.min_load_bound
+        )
+        assert choice is not None
+        return self.pods[choice.pod], choice.cached_blocks
+
+    def sent(self, pod: Pod, keys: list[int]) -> None:
+        """The pod will hold this prompt's KV (it computes it, or a KV transfer lands it there)."""
+        if keys:
+            self.prefixes.sent(pod.name, keys)

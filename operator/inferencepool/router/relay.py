@@ -164,6 +164,8 @@ class Relay:
                     sample(gap)
             elif continued is None:
                 ttft_metric.observe(now - started)
+                if leg.queued is not None:
+                    leg.queued.release()  # the pod has prefilled it: no longer queued work
                 if ttft_sample is not None:
                     ttft_sample(now - started)
             previous = now

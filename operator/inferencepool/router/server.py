@@ -1,6 +1,7 @@
 """The router's HTTP shell: lifecycle, the endpoint table and the small endpoints; the parts do the work.
 
-Parts, one job each: pods.py (the endpoint table with load accounting), legs.py (a leg to a pod of a role,
+Parts, one job each: pods.py (the endpoint table with load accounting; prefix.py the prefix index and pod
+choice), engine_load.py (the engines' own load, read off the request path), legs.py (a leg to a pod of a role,
 with safe retries), generate.py (route orchestration), transfer.py (the NIXL and LMCache PD transfer modes),
 relay.py (the answer to the client, with per-chunk metrics), adaptive.py (the adaptive-threshold loop),
 calibration.py (the token estimate's calibration).
@@ -25,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from inferencepool.router.adaptive import AdaptiveThreshold
 from inferencepool.router.calibration import SMALL_CALL_SECONDS, Calibrator
 from inferencepool.router.config import RouterConfig
+from inferencepool.router.engine_load import EngineLoad
 from inferencepool.router.errors import UpstreamError, error_body, send_error, transport_error
 from inferencepool.router.generate import Orchestrator
 from inferencepool.router.http1 import Reply, Request, Server, Upstream, UpstreamFailure
@@ -50,10 +52,13 @@ class Router:
     def __init__(self, config: RouterConfig, counter: TokenCounter, pods: PodSet | None = None) -> None:
         self.config = config
         self.counter = counter
+        affinity = config.prefix_affinity
         self.pods = pods or PodSet(
-            load_factor=config.prefix_affinity.load_factor_percent / 100,
-            virtual_nodes=config.prefix_affinity.virtual_nodes,
-            min_load_bound=config.prefix_affinity.min_load_bound,
+            load_factor=affinity.load_factor_percent / 100,
+            virtual_nodes=affinity.virtual_nodes,
+            min_load_bound=affinity.min_load_bound,
+            anchor_blocks=affinity.blocks,
+            index_blocks=affinity.index_blocks,
         )
         self.metrics = RouterMetrics(
             LiveState(
@@ -126,6 +131,11 @@ class Router:
             self._tasks.append(asyncio.create_task(self.adaptive.run()))
         if calibrator is not None:
             self._tasks.append(asyncio.create_task(calibrator.run()))
+        if config.engine_metrics_interval_milliseconds:
+            engine_load = EngineLoad(
+                self.pods, self._upstream, config.engine_metrics_interval_milliseconds / 1000
+            )
+            self._tasks.append(asyncio.create_task(engine_load.run()))
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from inferencepool.router.prefix import prompt_keys
 from inferencepool.router.prompt import Prompt
 
 # Llama 3's template wraps each message in <|start_header_id|>role<|end_header_id|>\n\n ... <|eot_id|> and
@@ -43,6 +45,11 @@ class TokenCounter(Protocol):
         """count() and, unless `key_tokens` is None, affinity_key(), from one tokenization of the prompt."""
         ...
 
+    def measure_prefix(self, prompt: Prompt, block_tokens: int, max_blocks: int) -> tuple[int, list[int]]:
+        """count() and the chained keys of the (first) prompt's whole blocks of `block_tokens` tokens (of
+        characters at a fixed ratio when there is no tokenizer), from one tokenization (prefix.py)."""
+        ...
+
 
 def _hash(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
@@ -52,6 +59,12 @@ def _ids_key(ids: tuple[int, ...] | list[int], key_tokens: int) -> int | None:
     if len(ids) < key_tokens:
         return None
     return _hash(b"".join(i.to_bytes(4, "little", signed=False) for i in ids[:key_tokens]))
+
+
+def _ids_keys(ids: tuple[int, ...] | list[int], block_tokens: int, max_blocks: int) -> list[int]:
+    if len(ids) < block_tokens:
+        return []
+    return prompt_keys(array("I", ids[: block_tokens * max_blocks]).tobytes(), block_tokens * 4, max_blocks)
 
 
 def _chat_allowance(prompt: Prompt) -> int:
@@ -90,6 +103,16 @@ class EstimateCounter:
     def measure(self, prompt: Prompt, key_tokens: int | None) -> tuple[int, int | None]:
         key = self.affinity_key(prompt, key_tokens) if key_tokens is not None else None
         return self.count(prompt), key
+
+    def measure_prefix(self, prompt: Prompt, block_tokens: int, max_blocks: int) -> tuple[int, list[int]]:
+        if prompt.token_ids:
+            return self.count(prompt), _ids_keys(prompt.token_ids[0], block_tokens, max_blocks)
+        block_chars = block_tokens * AFFINITY_CHARS_PER_TOKEN
+        text = prompt.texts[0]
+        if len(text) < block_chars:
+            return self.count(prompt), []
+        data = text[: block_chars * max_blocks].encode()
+        return self.count(prompt), prompt_keys(data, block_chars, max_blocks)
 
     def observe(self, characters: int, engine_tokens: int) -> None:
         """Fold one calibration sample (a text's length and the engine's token count for it) into the
@@ -132,6 +155,18 @@ class HFTokenCounter:
         tokens = max(len(e.ids) for e in encodings)
         key = _ids_key(_without_added_specials(encodings[0]), key_tokens) if key_tokens is not None else None
         return tokens + _chat_allowance(prompt), key
+
+    def measure_prefix(self, prompt: Prompt, block_tokens: int, max_blocks: int) -> tuple[int, list[int]]:
+        if prompt.token_ids:
+            ids = prompt.token_ids[0]
+            return max(len(ids) for ids in prompt.token_ids), _ids_keys(ids, block_tokens, max_blocks)
+        if len(prompt.texts) == 1:
+            encodings = [self.tokenizer.encode(prompt.texts[0], add_special_tokens=True)]
+        else:
+            encodings = self.tokenizer.encode_batch(list(prompt.texts), add_special_tokens=True)
+        tokens = max(len(e.ids) for e in encodings)
+        keys = _ids_keys(_without_added_specials(encodings[0]), block_tokens, max_blocks)
+        return tokens + _chat_allowance(prompt), keys
 
 
 def _without_added_specials(encoding: Any) -> list[int]:

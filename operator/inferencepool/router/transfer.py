@@ -43,6 +43,8 @@ class ClientRequest:
     headers: list[tuple[str, str]]
     affinity: int | None
     prompt: Prompt
+    prefill_pod: Pod | None = None  # chosen by prefix and load (pods.choose); others only on retries
+    decode_pod: Pod | None = None  # chosen before the route (LMCache PD pushes the KV there)
 
 
 @dataclass(slots=True)
@@ -84,6 +86,7 @@ class _PrefillLegs:
                 request.affinity,
                 False,
                 self.config.timeouts.prefill_seconds,
+                request.prefill_pod,
             ) as leg:
                 pod = leg.pod
                 try:
@@ -150,7 +153,9 @@ class LMCachePDTransfer(_PrefillLegs):
         to the decode pod chosen). See handshake.py for why the prefill leg is the prompt's ids less the
         last one."""
         settings = self.config.lmcache_pd
-        decode_pod = self.legs.pods.pick("decode", time.monotonic())
+        decode_pod = request.decode_pod
+        if decode_pod is None or not decode_pod.accepts_new:
+            decode_pod = self.legs.pods.pick("decode", time.monotonic())
         if decode_pod is None:
             return None  # the decode leg will say no decode pod is ready
         unsupported = _unsplittable(request)
