@@ -6,6 +6,10 @@ whose last message is the assistant's partial answer with `continue_final_messag
 prompt, vLLM refuses both). The continuation asks for the tokens still allowed (max_tokens less the events
 sent, one token per event as vLLM streams them). A request that cannot be continued from text alone (token-id
 or batched prompts, n > 1, echo, logprobs, best_of) is not resumed.
+
+The continuation's events are rewritten so the client sees one answer (`Continued`): the first answer's id
+and created time, no second assistant-role opening, usage counted for the whole answer (the tokens already
+sent move from the continuation's prompt back to the completion).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import orjson
 from inferencepool.router.prompt import Endpoint
 
 _NOT_RESUMABLE = ("echo", "logprobs", "top_logprobs", "best_of", "prompt_logprobs", "suffix")
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest.max_tokens default, per request
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +76,9 @@ def continuation(body: dict[str, Any], endpoint: Endpoint, done: Progress) -> by
     if body.get("n", 1) != 1 or any(body.get(key) for key in _NOT_RESUMABLE):
         return None
     resumed = dict(body)
+    if endpoint == "completions" and body.get("max_tokens") is None:
+        # the continuation would get vLLM's default again: ask for what is left of the first one's
+        body = {**body, "max_tokens": COMPLETION_DEFAULT_MAX_TOKENS}
     for key in ("max_tokens", "max_completion_tokens"):
         limit = body.get(key)
         if isinstance(limit, int) and not isinstance(limit, bool):
@@ -101,3 +109,82 @@ def continuation(body: dict[str, Any], endpoint: Endpoint, done: Progress) -> by
     resumed["continue_final_message"] = True
     resumed["add_generation_prompt"] = False
     return orjson.dumps(resumed)
+
+
+@dataclass(frozen=True, slots=True)
+class Continued:
+    """Rewrites a continuation's events into the answer the client is getting: the first answer's `id` and
+    `created`, no second assistant-role opening (chat), and usage with the `done` tokens already sent
+    counted as completion, not prompt, tokens."""
+
+    id: object
+    created: object
+    done: int
+
+    @classmethod
+    def of(cls, sent: bytes, done: Progress) -> Continued:
+        """From the events the client got (the first that names an id gives it)."""
+        for event in sent.split(b"\n\n"):
+            event = event.strip()
+            if not event.startswith(b"data:") or event[5:].strip() == b"[DONE]":
+                continue
+            try:
+                chunk = orjson.loads(event[5:])
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(chunk, dict) and "id" in chunk:
+                return cls(chunk["id"], chunk.get("created"), done.tokens)
+        return cls(None, None, done.tokens)
+
+    def events(self, data: bytes) -> bytes:
+        """`data`: whole SSE events of the continuation (the last may lack its blank line when the stream
+        ended there)."""
+        out: list[bytes] = []
+        for event in data.split(b"\n\n"):
+            if not event.strip():
+                continue
+            out.append(self._event(event))
+        return b"".join(e + b"\n\n" for e in out if e)
+
+    def _event(self, event: bytes) -> bytes:
+        stripped = event.strip()
+        if not stripped.startswith(b"data:") or stripped[5:].strip() == b"[DONE]":
+            return event
+        try:
+            chunk = orjson.loads(stripped[5:])
+        except orjson.JSONDecodeError:
+            return event
+        if not isinstance(chunk, dict) or "error" in chunk:
+            return event
+        if self.id is not None and "id" in chunk:
+            chunk["id"] = self.id
+        if self.created is not None and "created" in chunk:
+            chunk["created"] = self.created
+        choices = chunk.get("choices")
+        if (
+            isinstance(choices, list)
+            and len(choices) == 1
+            and isinstance(choices[0], dict)
+            and _opens_assistant(choices[0])
+            and not chunk.get("usage")
+        ):
+            return b""  # the client's answer is already open
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            if isinstance(prompt, int) and isinstance(completion, int):
+                usage["prompt_tokens"] = max(0, prompt - self.done)
+                usage["completion_tokens"] = completion + (prompt - usage["prompt_tokens"])
+        return b"data: " + orjson.dumps(chunk)
+
+
+def _opens_assistant(choice: dict[str, Any]) -> bool:
+    """A chat stream's opening chunk: the role and no text, no end."""
+    delta = choice.get("delta")
+    return (
+        isinstance(delta, dict)
+        and "role" in delta
+        and not delta.get("content")
+        and not delta.get("tool_calls")
+        and choice.get("finish_reason") is None
+    )
