@@ -217,6 +217,18 @@ ROWS: Final = (
                 stacked=True,
             ),
             Panel(
+                "Why requests were or were not disaggregated",
+                "The router's route decisions per second by reason: policy (Colocated or "
+                "AlwaysDisaggregate decided alone), short (fewer prompt tokens than the threshold), cached "
+                "(long, but the chosen decode pod holds enough of its prefix), long (enough uncached tokens "
+                "to pay for the transfer), prefill_busy (the prefill queue would miss the TTFT target, the "
+                "decode pod not), decode_busy and prefill_idle (a medium prompt spared a busy decode pod), "
+                "no_prefill_pod.",
+                (Query(rate(f"{ROUTER}_disaggregation_decisions", by="reason"), "{{reason}}"),),
+                unit="reqps",
+                stacked=True,
+            ),
+            Panel(
                 "Fallbacks by reason",
                 "Requests meant for the prefill pool but served colocated: no_prefill_pod (none ready), "
                 "prefill_failed (the prefill leg failed), kv_push_timeout (LMCache PD: no push "
