@@ -170,7 +170,7 @@ def test_transition_time_moves_only_when_status_changes() -> None:
     assert changed is not None and changed.last_transition_time == NOW + timedelta(minutes=9)
 
 
-def test_autoscaler_figures_are_shown_but_never_written_by_the_operator() -> None:
+def test_the_reconcile_status_document_shows_autoscaler_figures_only_in_display() -> None:
     pool = load_pool("llama-3.1-8b.yaml")
     pool.status = InferencePoolStatus.model_validate(
         {

@@ -1176,7 +1176,7 @@ SPEC_RULES: Final[tuple[SpecRule, ...]] = (
 # --- status
 
 
-def _kubernetes_time(value: datetime) -> str:
+def kubernetes_time(value: datetime) -> str:
     """RFC 3339 in UTC at whole seconds, as Kubernetes writes metav1.Time."""
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
@@ -1201,7 +1201,7 @@ class Condition(StatusModel):
 
     @field_serializer("last_transition_time")
     def _serialize_time(self, value: datetime) -> str:
-        return _kubernetes_time(value)
+        return kubernetes_time(value)
 
 
 class ScalingDecision(StatusModel):
@@ -1241,7 +1241,7 @@ class ScalingDecision(StatusModel):
 
     @field_serializer("time")
     def _serialize_time(self, value: datetime) -> str:
-        return _kubernetes_time(value)
+        return kubernetes_time(value)
 
 
 class PoolStatus(StatusModel):

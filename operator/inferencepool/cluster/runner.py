@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from inferencepool.api.labels import ANNOTATION_PROCESS_READY
+from inferencepool.api.v1alpha1 import kubernetes_time
 from inferencepool.cluster import podspec, procs
 from inferencepool.cluster.components import Layout
 from inferencepool.cluster.podspec import ContainerPlan, PlanError, PodPlan, Probe, VolumeFiles
@@ -127,7 +128,7 @@ def backoff_seconds(restarts: int) -> float:
 
 
 def _now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return kubernetes_time(datetime.datetime.now(datetime.UTC))
 
 
 class PodRunner:
