@@ -53,14 +53,17 @@ def router_config(pool: InferencePool, ref: PoolRef) -> RouterConfig:
     prefill_target = spec.prefill.autoscaling.target if spec.prefill.autoscaling is not None else None
     decode_target = spec.decode.autoscaling.target if spec.decode.autoscaling is not None else None
     defaults = AdaptiveThresholdConfig()
+    # The router moves the threshold on the same latency targets the autoscalers hold the pools to. Only
+    # what the router reads goes into its config (whose checksum rolls it): the TTFT target always (the
+    # route's cost is weighed against it); the ITL target and the percentile only while the threshold adapts.
+    adapts = router.adaptive_threshold.enabled and router.policy == "LengthAware"
     ttft = prefill_target.ttft_milliseconds if prefill_target is not None else None
-    itl = decode_target.itl_milliseconds if decode_target is not None else None
-    known_target = prefill_target or decode_target
+    itl = decode_target.itl_milliseconds if decode_target is not None and adapts else None
+    known_target = (prefill_target or decode_target) if adapts else None
     adaptive = AdaptiveThresholdConfig(
         enabled=router.adaptive_threshold.enabled,
         min_tokens=router.adaptive_threshold.min_tokens,
         max_tokens=router.adaptive_threshold.max_tokens,
-        # The router moves the threshold on the same latency targets the autoscalers hold the pools to.
         ttft_target_milliseconds=ttft or defaults.ttft_target_milliseconds,
         itl_target_milliseconds=itl or defaults.itl_target_milliseconds,
         percentile=known_target.percentile if known_target is not None else defaults.percentile,
