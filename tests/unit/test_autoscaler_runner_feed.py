@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 import yaml
 from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from inferencepool.api.v1alpha1 import InferencePool, InferencePoolSpec
+from inferencepool.autoscaler import planner as planner_module
 from inferencepool.autoscaler.capacity import from_profile
 from inferencepool.autoscaler.feed import (
     Deltas,
@@ -31,7 +33,15 @@ from inferencepool.builders.common import PoolRef, engine_name
 from inferencepool.engine_sim.core import EngineCore
 from inferencepool.engine_sim.metrics import EngineMetrics
 from inferencepool.engine_sim.profiles import get_profile
-from inferencepool.observability.metrics import RECOMMENDED_REPLICAS
+from inferencepool.observability.metrics import (
+    DECISION_REASONS,
+    OBSERVED_LATENCY,
+    RECOMMENDED_REPLICAS,
+    SCALING_DECISION,
+    TARGET_LATENCY,
+    OperatorMetrics,
+    record_status,
+)
 from inferencepool.router.metrics import LiveState, RouterMetrics
 from inferencepool.router.pods import PodSet
 from inferencepool.router.policy import Route
@@ -322,3 +332,45 @@ def test_the_keda_example_follows_the_exported_recommendation_of_its_pool() -> N
     query = scaled["spec"]["triggers"][0]["metadata"]["query"]
     assert query.startswith(f"max({RECOMMENDED_REPLICAS}{{")
     assert f'pool="{pool.name()}"' in query and 'role="decode"' in query
+
+
+def test_the_recommendation_is_a_metric_per_role_read_from_status() -> None:
+    """Mode External: what an HPA or KEDA acts on (inferencepool_pool_recommended_replicas), beside the
+    observed and target latency; the planner's reasons are bounded label values of the decision gauge."""
+    registry = OperatorMetrics()
+    status = {
+        "decode": {
+            "replicas": 2,
+            "readyReplicas": 2,
+            "desiredReplicas": 2,
+            "observedMilliseconds": 55,
+            "targetMilliseconds": 40,
+            "recommendedReplicas": 3,
+            "lastScaling": {"reason": "ForecastUp"},
+        }
+    }
+    record_status(registry, "ns", "pool", status)
+    text = generate_latest(registry.registry).decode()
+    found = {
+        (s.name, s.labels.get("reason")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.labels.get("role") == "decode" and s.labels.get("reason") in (None, "ForecastUp")
+    }
+    assert found[(RECOMMENDED_REPLICAS, None)] == 3
+    assert found[(OBSERVED_LATENCY, None)] == pytest.approx(0.055)
+    assert found[(TARGET_LATENCY, None)] == pytest.approx(0.04)
+    assert found[(SCALING_DECISION, "ForecastUp")] == 1
+    del status["decode"]["recommendedReplicas"]
+    record_status(registry, "ns", "pool", status)
+    text = generate_latest(registry.registry).decode()
+    assert not [
+        s
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == RECOMMENDED_REPLICAS
+    ]
+    planner_reasons = {
+        value for name, value in vars(planner_module).items() if name.isupper() and isinstance(value, str)
+    }
+    assert planner_reasons <= set(DECISION_REASONS)

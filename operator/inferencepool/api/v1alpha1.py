@@ -434,6 +434,49 @@ class Autoscaling(SpecModel):
     )
 
 
+MAX_RATIO_PERCENT: Final = 10_000  # prefill replicas per decode replica, at most 100:1 either way
+
+
+class PrefillDecodeRatio(SpecModel):
+    """Bounds on prefill replicas per decode replica, in percent (100: one prefill per decode), held by the
+    planner while the prefill pool runs (a prefill pool at zero is outside them)."""
+
+    min_percent: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_RATIO_PERCENT,
+        description="Fewest prefill replicas per 100 decode replicas (rounded up). Defaults to 0.",
+    )
+    max_percent: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_RATIO_PERCENT,
+        description=(
+            "Most prefill replicas per 100 decode replicas (rounded down, at least one prefill replica). "
+            "No upper bound when unset. Must be >= minPercent."
+        ),
+    )
+
+
+class PoolScaling(SpecModel):
+    """Bounds across both pools that the SLA planner (autoscaling policy Planner) holds. A decision a bound
+    limits says so in its reason (RatioBound, BudgetLimited) in status and its event."""
+
+    prefill_decode_ratio: PrefillDecodeRatio | None = Field(
+        default=None, description="Bounds on prefill replicas per decode replica. Unbounded when absent."
+    )
+    gpu_budget: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_REPLICAS * MAX_GPUS_PER_REPLICA,
+        description=(
+            "Most GPUs both pools may use together (replicas x gpusPerReplica, summed). Over it the planner "
+            "cuts the role most over its own need first. Must hold both pools' minimums. No budget when "
+            "unset."
+        ),
+    )
+
+
 class PoolSpec(SpecModel):
     """One pool of vLLM engines (prefill or decode)."""
 
@@ -722,6 +765,13 @@ class InferencePoolSpec(SpecModel):
         description="LMCache KV cache offload and sharing. Off when absent (LMCachePD turns it on).",
     )
     router: RouterSpec = Field(default_factory=RouterSpec, description="The router in front of both pools.")
+    scaling: PoolScaling | None = Field(
+        default=None,
+        description=(
+            "Bounds across both pools for the SLA planner (autoscaling policy Planner): a prefill:decode "
+            "ratio and a GPU budget. Only with policy Planner on prefill or decode."
+        ),
+    )
     network_policy: NetworkPolicySpec = Field(
         default_factory=NetworkPolicySpec,
         description="Restrict who reaches the pool's engines and side channels. Off when absent.",
@@ -783,6 +833,14 @@ class InferencePoolSpec(SpecModel):
             return None
         wanted = PD_BUFFER_PROMPTS * tokens * shape.kv_bytes_per_token
         return -(-wanted // GIB) * GIB  # whole GiB
+
+    def fewest_replicas(self, role: PoolRole) -> int:
+        """autoscaling.minReplicas while the pool autoscales, else its replicas (1 when unset)."""
+        autoscaling = self.pool(role).autoscaling
+        if autoscaling is not None and autoscaling.enabled:
+            return autoscaling.min_replicas
+        replicas = self.pool(role).replicas
+        return DEFAULT_MIN_REPLICAS if replicas is None else replicas
 
     def target_milliseconds(self, role: PoolRole) -> int | None:
         """The pool's latency target (TTFT for prefill, ITL for decode); None when it does not autoscale."""
@@ -1164,12 +1222,84 @@ def _engine_rules() -> list[SpecRule]:
     ]
 
 
+def _scaling_rules() -> list[SpecRule]:
+    """spec.scaling: ordered ratio bounds, a budget that holds both pools' minimums, and a planner to hold
+    them (the Latency rule sizes each pool alone)."""
+    ratio = "self.scaling.prefillDecodeRatio"
+    has_ratio = f"has(self.scaling) && has({ratio})"
+    has_budget = "has(self.scaling) && has(self.scaling.gpuBudget)"
+
+    def role_cel(role: PoolRole) -> tuple[str, str, str]:
+        """CEL for (planned by the Planner, the fewest replicas, GPUs per replica) of one role."""
+        pool, scaling = f"self.{role}", f"self.{role}.autoscaling"
+        on = f"has(self.{role}) && has({scaling}) && {_or_default(f'{scaling}.enabled', True)}"
+        planner = f"({on} && (has({scaling}.policy) ? {scaling}.policy : 'Planner') == 'Planner')"
+        replicas = f"(has(self.{role}) && has({pool}.replicas) ? {pool}.replicas : 1)"
+        fewest = f"({on} ? {_or_default(f'{scaling}.minReplicas', DEFAULT_MIN_REPLICAS)} : {replicas})"
+        gpus = (
+            f"(has(self.{role}) && has({pool}.gpusPerReplica) ? {pool}.gpusPerReplica : {_pool_tp_cel(role)})"
+        )
+        return planner, fewest, gpus
+
+    (p_planner, p_fewest, p_gpus), (d_planner, d_fewest, d_gpus) = role_cel("prefill"), role_cel("decode")
+
+    def ordered(spec: InferencePoolSpec) -> bool:
+        bounds = spec.scaling.prefill_decode_ratio if spec.scaling is not None else None
+        return bounds is None or bounds.max_percent is None or bounds.min_percent <= bounds.max_percent
+
+    def budget_holds_minimums(spec: InferencePoolSpec) -> bool:
+        if spec.scaling is None or spec.scaling.gpu_budget is None:
+            return True
+        return spec.scaling.gpu_budget >= sum(
+            spec.fewest_replicas(role) * spec.gpus_per_replica(role) for role in POOL_ROLES
+        )
+
+    def planned_somewhere(spec: InferencePoolSpec) -> bool:
+        return spec.scaling is None or any(
+            (a := spec.pool(role).autoscaling) is not None and a.enabled and a.policy == "Planner"
+            for role in POOL_ROLES
+        )
+
+    return [
+        SpecRule(
+            field="scaling.prefillDecodeRatio.maxPercent",
+            cel=(
+                f"!({has_ratio} && has({ratio}.maxPercent)) || "
+                f"{_or_default(f'{ratio}.minPercent', 0)} <= {ratio}.maxPercent"
+            ),
+            message="spec.scaling.prefillDecodeRatio.maxPercent must be >= minPercent",
+            holds=ordered,
+        ),
+        SpecRule(
+            field="scaling.gpuBudget",
+            cel=(
+                f"!({has_budget}) || self.scaling.gpuBudget >= {p_fewest} * {p_gpus} + {d_fewest} * {d_gpus}"
+            ),
+            message=(
+                "spec.scaling.gpuBudget must hold both pools' minimums (autoscaling.minReplicas, or replicas "
+                "when a pool does not autoscale, times its GPUs per replica)"
+            ),
+            holds=budget_holds_minimums,
+        ),
+        SpecRule(
+            field="scaling",
+            cel=f"!has(self.scaling) || {p_planner} || {d_planner}",
+            message=(
+                "spec.scaling needs prefill or decode autoscaling with policy Planner (the Latency rule "
+                "sizes each pool alone and would ignore it)"
+            ),
+            holds=planned_somewhere,
+        ),
+    ]
+
+
 SPEC_RULES: Final[tuple[SpecRule, ...]] = (
     *_engine_rules(),
     *_pool_rules("prefill"),
     *_pool_rules("decode"),
     *_router_rules(),
     *_kv_rules(),
+    *_scaling_rules(),
 )
 
 

@@ -8,11 +8,13 @@ needs both to size the other (the decode pods' TTFT cap on direct prompts, say).
 The capacity table is seeded from the engine profile the pool runs (the fake engine's FAKE_ENGINE_PROFILE
 and FAKE_ENGINE_TIME_SCALE; else llama-3.1-8b-h100, the same default as `inferencepool diagnose`), at the
 engines' --max-num-batched-tokens when the spec sets it; the planner corrects it online from the observed
-utilisation.
+utilisation. spec.scaling gives the bounds across both roles: the prefill:decode ratio (percent, no upper
+bound when maxPercent is unset) and the GPU budget.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from inferencepool.api.v1alpha1 import POOL_ROLES, Autoscaling, InferencePoolSpec, PoolRole
@@ -55,6 +57,13 @@ def planner_settings(spec: InferencePoolSpec, current: dict[PoolRole, int]) -> P
     itl = spec.target_milliseconds("decode")
     every = list(scaled.values())
     down_delay = float(max(a.scale_down_stabilization_seconds for a in every))
+    ratio_bounds, gpu_budget = None, None
+    if spec.scaling is not None:
+        gpu_budget = spec.scaling.gpu_budget
+        ratio = spec.scaling.prefill_decode_ratio
+        if ratio is not None:
+            high = math.inf if ratio.max_percent is None else ratio.max_percent / 100
+            ratio_bounds = (ratio.min_percent / 100, high)
     return PlannerSettings(
         ttft_target_seconds=ttft / 1000 if ttft is not None else LOOSE_TTFT_SECONDS,
         itl_target_seconds=itl / 1000 if itl is not None else LOOSE_ITL_SECONDS,
@@ -66,6 +75,8 @@ def planner_settings(spec: InferencePoolSpec, current: dict[PoolRole, int]) -> P
         # scaleDownStabilizationSeconds: the evidence a scale-down waits for, after a scale-up and at start
         scale_down_delay_seconds=down_delay,
         warmup_seconds=down_delay,
+        ratio_bounds=ratio_bounds,
+        gpu_budget=gpu_budget,
     )
 
 
