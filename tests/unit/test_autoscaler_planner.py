@@ -304,3 +304,104 @@ def test_a_burst_shorter_than_a_model_load_is_held_for_the_burst_memory() -> Non
     for t, v in ((0, 1.0), (10, 5.0), (20, 3.0)):
         memory.observe(t, v)
     assert memory.level() == 3.0
+
+
+def test_a_trend_needs_enough_samples_and_none_is_read_while_warming_up() -> None:
+    """Two or three points of a pool filling up from empty are no trend: sized for what was seen."""
+    short = Forecaster(trend_seconds=300, peak_seconds=0, min_trend_samples=4)
+    for t, v in ((15, 0.1), (30, 1.0), (45, 1.1)):
+        short.observe(t, v)
+    result = short.forecast(45, horizon=135)
+    assert result is not None and result.value == pytest.approx(1.1) and result.slope == 0.0
+    short.observe(60, 1.2)
+    result = short.forecast(60, horizon=135)
+    assert result is not None and result.slope > 0 and result.value > 1.2
+    with pytest.raises(ValueError, match="min_trend_samples"):
+        Forecaster(min_trend_samples=1)
+    # the same ramp seen by a planner in its warm-up: no scale-up for a trend, only for the load itself
+    ramp = (0.2, 2.0, 2.2, 2.4)
+    warming = p.Planner(settings(warmup_seconds=300.0), MODEL)
+    settled = p.Planner(settings(), MODEL)
+    for i, load in enumerate(ramp):
+        early = warming.decide(observe(INTERVAL * (i + 1), load, prefill=1))
+        late = settled.decide(observe(INTERVAL * (i + 1), load, prefill=1))
+    assert early.prefill.wanted == math.ceil(2.4 * 0.5 / (2 / 3))  # today's 1.2 s/s: 2
+    assert late.prefill.wanted > early.prefill.wanted  # read one model load ahead
+
+
+@pytest.mark.parametrize(
+    ("level_then", "level_now", "expected"),
+    [
+        # a burst of 6 s of work within 2 s on a quiet route (0.05 s/s): 5.9 s above it, held
+        (0.1, 0.1, 2),
+        # the same 6 s within 2 s on a busy route (3 s/s) is its level, not a burst: nothing held once it
+        # has gone quiet (a diurnal peak is not held at the trough)
+        (6.0, 0.1, 1),
+    ],
+)
+def test_a_burst_is_remembered_above_the_level_it_came_on(
+    level_then: float, level_now: float, expected: int
+) -> None:
+    """4,000-token prompts (0.5 s each) per second as the level; the burst window holds 6 s of work."""
+    planner = p.Planner(
+        settings(burst_memory_seconds=600.0, burst_quantile=1.0, trend_seconds=30.0, peak_seconds=0.0),
+        MODEL,
+    )
+
+    def at(now: float, level: float, burst: float, prefill: int) -> p.Plan:
+        base = observe(now, level, prefill=prefill)
+        assert base.to_prefill is not None
+        load = p.RouteLoad(base.to_prefill.prompts, base.to_prefill.prompt_tokens, None, burst)
+        return planner.decide(p.Observation(now, INTERVAL, load, base.direct, 0, base.prefill, base.decode))
+
+    replicas = at(15, level_then, 6.0, 4).prefill.replicas
+    for i in range(2, 12):  # the level falls to level_now; the burst memory is 600 s
+        replicas = at(15 * i, level_now, level_now * 0.5 * 2, replicas).prefill.replicas
+    assert replicas == expected
+
+
+def test_decode_correction_from_the_observed_mean_itl() -> None:
+    """7,500 tokens/s at 0.1 ms each predict a 0.75 busy share beyond the base step (one replica carries
+    0.8); a mean ITL of 100 ms against t0 10 ms says 0.9: the correction moves toward 1.2 and the pool
+    gets a second replica."""
+    planner = p.Planner(settings(), MODEL)
+    for i in range(10):
+        plan = planner.decide(observe(INTERVAL * (i + 1), 0.0, decode=1, generated_per_s=7500, mean_itl=0.1))
+    assert plan.decode.correction == pytest.approx(0.9 / 0.75, rel=0.03)
+    assert plan.decode.demand == pytest.approx(0.75 * plan.decode.correction)
+    assert plan.decode.replicas == 2
+    plain = p.Planner(settings(), MODEL).decide(observe(15, 0.0, decode=1, generated_per_s=7500))
+    assert plain.decode.correction == 1.0 and plain.decode.replicas == 1
+
+
+def test_partial_metrics_plan_from_what_is_known() -> None:
+    """No latency, no busy share, no KV gauge, no mean ITL: the planner sizes from the router's and the
+    engines' counters alone, with no correction and no latency factor, and says there is no traffic seen."""
+    plan = p.Planner(settings(), MODEL).decide(
+        observe(15, 4.0, prefill=1, decode=1, generated_per_s=4000)  # every gauge None
+    )
+    assert (plan.prefill.replicas, plan.prefill.reason) == (3, p.FORECAST_UP)
+    assert plan.prefill.correction == plan.decode.correction == 1.0
+    assert plan.prefill.latency_factor == plan.decode.latency_factor == 1.0
+    assert "TTFT no traffic" in plan.prefill.message and plan.decode.replicas == 1
+    # counters missing for the decode side (no generated tokens read): keep both pools, explained
+    missing = p.Observation(15, INTERVAL, p.RouteLoad(60, 240_000), p.RouteLoad(0, 0), None,
+                            p.PoolSignals(1, 1), p.PoolSignals(2, 2))  # fmt: skip
+    kept = p.Planner(settings(), MODEL).decide(missing)
+    assert (kept.prefill.replicas, kept.decode.replicas) == (1, 2)
+    assert kept.decode.reason == p.MISSING_METRICS and "missing" in kept.decode.message
+
+
+def test_an_open_ratio_bound_and_a_budget_over_pinned_roles() -> None:
+    """maxPercent unset: only the lower bound; a budget never cuts a role below its (pinned) minimum."""
+    planner = p.Planner(settings(ratio_bounds=(0.5, math.inf)), MODEL)
+    plan = planner.decide(observe(15, 4.0, prefill=1, decode=2, generated_per_s=1000))
+    assert plan.prefill.replicas == 3 and plan.prefill.reason == p.FORECAST_UP  # no upper bound
+    raised = p.Planner(settings(ratio_bounds=(0.5, math.inf)), MODEL).decide(
+        observe(15, 0.1, prefill=1, decode=6, generated_per_s=30000)
+    )
+    assert (raised.prefill.replicas, raised.prefill.reason) == (3, p.RATIO_BOUND)  # half of 6
+    pinned = settings(gpu_budget=5, prefill=p.RoleBounds(2, 2, 1), decode=p.RoleBounds(1, 8, 1))
+    plan = p.Planner(pinned, MODEL).decide(observe(15, 3.0, prefill=2, decode=2, generated_per_s=30000))
+    assert (plan.prefill.replicas, plan.decode.replicas) == (2, 3)
+    assert plan.decode.reason == p.BUDGET_LIMITED and plan.decode.wanted > 3

@@ -7,7 +7,9 @@ then, not now. The forecast of one signal is the larger of:
 - the recent peak: the highest sample of the last `peak_seconds`, the latest one included (a burst that came
   once comes again; holding it is what keeps a pool from shrinking into the next one, and a falling trend
   lowers the forecast no faster than the load itself has fallen).
-With fewer than two samples the forecast is the latest sample (or None: nothing is known yet).
+With fewer than `min_trend_samples` samples in the trend window (a line through two or three points
+extrapolates noise, or a start-up ramp, into a surge), the forecast is the larger of the latest sample and
+the peak (or None: nothing is known yet).
 """
 
 from __future__ import annotations
@@ -27,11 +29,14 @@ class Forecast:
 
 
 class Forecaster:
-    def __init__(self, trend_seconds: float = 300.0, peak_seconds: float = 120.0) -> None:
-        if trend_seconds <= 0 or peak_seconds < 0:
-            raise ValueError("trend_seconds must be > 0 and peak_seconds >= 0")
+    def __init__(
+        self, trend_seconds: float = 300.0, peak_seconds: float = 120.0, min_trend_samples: int = 2
+    ) -> None:
+        if trend_seconds <= 0 or peak_seconds < 0 or min_trend_samples < 2:
+            raise ValueError("trend_seconds must be > 0, peak_seconds >= 0 and min_trend_samples >= 2")
         self.trend_seconds = trend_seconds
         self.peak_seconds = peak_seconds
+        self.min_trend_samples = min_trend_samples
         self._samples: deque[tuple[float, float]] = deque()
 
     def observe(self, now: float, value: float) -> None:
@@ -48,7 +53,7 @@ class Forecaster:
         latest = self._samples[-1][1]
         recent = [(t, v) for t, v in self._samples if t >= now - self.trend_seconds]
         peak = max((v for t, v in self._samples if t >= now - self.peak_seconds), default=latest)
-        if len(recent) < 2:
+        if len(recent) < self.min_trend_samples:
             return Forecast(max(latest, peak), latest, latest, peak, 0.0)
         n = len(recent)
         mean_t = sum(t for t, _ in recent) / n
@@ -57,6 +62,11 @@ class Forecaster:
         slope = sum((t - mean_t) * (v - mean_v) for t, v in recent) / spread if spread > 0 else 0.0
         trend = max(0.0, mean_v + slope * (now + horizon - mean_t))
         return Forecast(max(trend, peak), latest, trend, peak, slope)
+
+    def mean(self, now: float, seconds: float) -> float | None:
+        """The mean sample of the last `seconds` (None: no sample in it)."""
+        values = [v for t, v in self._samples if t >= now - seconds]
+        return sum(values) / len(values) if values else None
 
 
 class BurstMemory:

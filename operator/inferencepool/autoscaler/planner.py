@@ -19,7 +19,8 @@ Forecast: the prefill pool's and the decode pool's demand one model load plus on
 (`forecast.Forecaster`: trend and recent peak), times the correction, the latency factor and the headroom.
 Bursts shorter than a model load cannot be followed, so each role also holds enough to drain the q-quantile
 burst of the last half hour (the most prefill work that arrived within `burst_window_seconds`, as the
-router counts it) within the TTFT target.
+router counts it, above the route's load level when it came) on top of today's level within the TTFT
+target.
 
 Capacity of one replica at the target:
 - prefill: a utilisation cap from the TTFT target, M/D/1 style. With S the service time of the mean prompt,
@@ -107,6 +108,7 @@ class PlannerSettings:
     scale_down_margin: float = 0.1  # scale down only if the pool would still fit this much more demand
     itl_fill: float = 1.0  # size decode for this share of the ITL target (< 1: room for the TPOT spread)
     trend_seconds: float = 300.0
+    min_trend_samples: int = 4  # no trend read from fewer samples (a line through 2 or 3 extrapolates noise)
     peak_seconds: float = 120.0
     burst_window_seconds: float = 2.0  # what the router's burst_work_seconds counts over
     burst_memory_seconds: float = 1800.0
@@ -232,24 +234,36 @@ class Planner:
         forecaster = state.forecasters.get(signal)
         if forecaster is None:
             forecaster = state.forecasters[signal] = Forecaster(
-                self.settings.trend_seconds, self.settings.peak_seconds
+                self.settings.trend_seconds, self.settings.peak_seconds, self.settings.min_trend_samples
             )
         forecaster.observe(now, value)
-        horizon = self.settings.model_load_seconds + self.settings.interval_seconds
-        result = forecaster.forecast(now, horizon)
+        # While warming up the samples are the pool filling up from empty, no trend to extrapolate.
+        warming = self._first is not None and now - self._first < self.settings.warmup_seconds
+        result = forecaster.forecast(now, self.settings.model_load_seconds + self.settings.interval_seconds)
         assert result is not None
-        return result.value
+        return max(result.latest, result.peak) if warming else result.value
 
-    def _burst(self, role: str, load: RouteLoad) -> float:
+    def _burst(self, role: str, load: RouteLoad, work: float) -> float:
         """Engine-seconds per second that drain the q-quantile burst of recent memory within the TTFT
-        target: bursts shorter than a model load are held for, not followed."""
+        target: bursts shorter than a model load are held for, not followed. A burst is remembered as its
+        excess, the work that arrived within one burst window above the route's level then (its mean work
+        over `trend_seconds`), and held on top of today's level: a pool is ready for the bursts of its
+        traffic without holding the level of half an hour ago (a diurnal load's peak)."""
         s = self.settings
         state = self._state[role]
         if state.bursts is None:
             state.bursts = BurstMemory(s.burst_memory_seconds, s.burst_quantile)
+        levels = state.forecasters.get("level")
+        if levels is None:
+            levels = state.forecasters["level"] = Forecaster(s.trend_seconds, 0.0)
+        levels.observe(self._now, work)
+        level = levels.mean(self._now, s.trend_seconds) or 0.0
         if load.burst_work_seconds is not None:
-            state.bursts.observe(self._now, load.burst_work_seconds)
-        return state.bursts.level() / (s.burst_window_seconds + s.ttft_target_seconds)
+            state.bursts.observe(
+                self._now, max(0.0, load.burst_work_seconds - level * s.burst_window_seconds)
+            )
+        held = level * s.burst_window_seconds + state.bursts.level()
+        return held / (s.burst_window_seconds + s.ttft_target_seconds)
 
     def _correct(self, role: str, observed: float | None, predicted: float) -> None:
         state = self._state[role]
@@ -312,7 +326,7 @@ class Planner:
             * s.headroom
             * p_state.latency_factor
         )
-        p_burst = self._burst("prefill", obs.to_prefill) * p_state.correction
+        p_burst = self._burst("prefill", obs.to_prefill, w_p) * p_state.correction
         p_share = max(p_forecast / p_cap, p_burst)  # replicas' worth of prefill load
         bounds_p = s.prefill
         current_p = obs.prefill.replicas
@@ -375,7 +389,7 @@ class Planner:
             * s.headroom
             * d_state.latency_factor
         )
-        d_burst = (self._burst("decode", obs.direct) + delta * generated) * d_state.correction
+        d_burst = (self._burst("decode", obs.direct, w_d) + delta * generated) * d_state.correction
         if bounds_p.min_replicas == 0 and p_reason != LATENCY_GUARD:
             # Without a prefill pool the decode pods prefill its prompts too, at the decode pods' capacity
             # (held down by the ITL target); keep the pool only where that costs more replicas in all.
@@ -420,9 +434,8 @@ class Planner:
         replicas_d, d_reason = self._actuate("decode", obs.now, current_d, wanted_d, d_reason, s.decode)
         if s.ratio_bounds is not None and replicas_p > 0:
             low, high = s.ratio_bounds
-            bounded = min(
-                max(replicas_p, math.ceil(low * replicas_d - 1e-9)), max(1, math.floor(high * replicas_d))
-            )
+            most = bounds_p.max_replicas if math.isinf(high) else max(1, math.floor(high * replicas_d + 1e-9))
+            bounded = min(max(replicas_p, math.ceil(low * replicas_d - 1e-9)), most)
             bounded = min(max(bounded, max(1, bounds_p.min_replicas)), bounds_p.max_replicas)
             if bounded != replicas_p:
                 replicas_p, p_reason = bounded, RATIO_BOUND
