@@ -22,7 +22,7 @@ ROUTE = "X-Inferencepool-Route"
 DECISIONS = "inferencepool_router_disaggregation_decisions"
 # Small blocks keep prompts short: 32 tokens (128 characters for the router's estimate) a block, and a
 # shared prefix counts from 4 blocks (512 characters) on.
-AFFINITY = {"blockTokens": 32, "blocks": 4}
+AFFINITY = {"blockTokens": 32, "sharedPrefixBlocks": 4}
 
 
 def words(tag: str, count: int) -> str:

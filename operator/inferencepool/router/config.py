@@ -84,13 +84,14 @@ class PrefixAffinityConfig(_Model):
     block_tokens: Annotated[int, Field(ge=1, description="tokens per hashed block (LMCache chunk size)")] = (
         256
     )
-    blocks: Annotated[
+    blocks: Annotated[int, Field(ge=1, le=64, description="leading blocks that make up the affinity key")] = 1
+    shared_prefix_blocks: Annotated[
         int,
         Field(
             ge=1,
-            le=64,
-            description="leading blocks a shared prefix needs before it keeps requests together (shorter "
-            "ones, such as a system prompt, spread by load); also the affinity key's length",
+            le=1024,
+            description="leading blocks a shared prefix needs before it keeps requests together on one pod "
+            "(requests sharing fewer, such as a system prompt, spread by load)",
         ),
     ] = 4
     index_blocks: Annotated[
