@@ -22,6 +22,7 @@ grow preempts the most recently admitted one, which later recomputes (vLLM's rec
 
 from __future__ import annotations
 
+import bisect
 import enum
 import itertools
 from collections import deque
@@ -80,6 +81,9 @@ class EngineRequest:
     remote_prefill: RemotePrefill | None = None  # decode leg: load the prompt's KV from a prefill engine
     remote_decode: bool = False  # prefill leg: keep the KV for a decode engine to read after finishing
     disagg: DisaggSpec | None = None  # LMCache PD prefill leg: push the prompt's KV to a decode engine
+    # the prompt's `kv.chunk_hashes` at the engine's chunk size, when the driver has them already (a simulator
+    # replaying one trace many times hashes each prompt once); None: the engine hashes the prompt
+    chunk_hashes: Sequence[bytes] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.output_tokens < 1:
@@ -193,6 +197,35 @@ class ScheduledStep:
         return self.start + self.duration
 
 
+@dataclass(eq=False)
+class DecodeRun:
+    """Steps of a steady decode batch, timed at once (`EngineCore.decode_run`): the same running requests each
+    get one token per step, nobody finishes, nobody waits. Nothing changes in the engine until the driver
+    commits steps (`commit_decode_run`), in order; a driver that must add a request mid-run keeps only the
+    steps up to the one in flight (`cut`), exactly as the engine would have scheduled them one at a time."""
+
+    start: float
+    ends: list[float]  # when each step ends (step i starts at ends[i - 1], step 0 at start)
+    durations: list[float]
+    request_ids: tuple[str, ...]  # the batch, in the engine's running order
+    seqs: tuple[_Seq, ...] = field(repr=False)
+    committed: int = 0  # steps already applied to the engine
+
+    def cut(self, now: float) -> bool:
+        """Keep the steps up to the one in flight at `now` (an arrival at a step's end waits for the next
+        step, as an arrival event precedes a step end at the same time); True when steps were dropped."""
+        keep = max(self.committed + 1, bisect.bisect_left(self.ends, now) + 1)
+        if keep >= len(self.ends):
+            return False
+        del self.ends[keep:]
+        del self.durations[keep:]
+        return True
+
+    @property
+    def end(self) -> float:
+        return self.ends[-1]
+
+
 @dataclass
 class EngineStats:
     """Cumulative counters, named after the vLLM metrics they feed."""
@@ -211,6 +244,12 @@ class EngineStats:
     # NIXL, counted per TP worker as vLLM's workers each count and the engine sums them (stats.py aggregate):
     nixl_failed_transfers: int = 0  # decode side: reads that failed (side channel unreachable or refused)
     nixl_kv_expired_reqs: int = 0  # prefill side: holds released because their lease expired unread
+    # LMCache's own counters (lmcache:num_requested_tokens, lmcache:num_hit_tokens): prompt tokens beyond
+    # vLLM's GPU hit that LMCache was asked to retrieve, and those it retrieved (CPU tier or a peer)
+    lmcache_requested_tokens: int = 0
+    lmcache_hit_tokens: int = 0
+    lmcache_p2p_hit_tokens: int = 0  # ... of which a peer supplied (p2p)
+    lmcache_p2p_served_tokens: int = 0  # tokens this engine's CPU tier sent to peers (p2p, serving side)
     request_success: dict[str, int] = field(default_factory=dict)
     requests_failed: int = 0
     steps: int = 0
@@ -306,11 +345,15 @@ class EngineCore:
                 f"prompt ({len(request.prompt_token_ids)}) + output ({request.output_tokens}) tokens exceed "
                 f"max_model_len {self.profile.max_model_len}"
             )
-        seq = _Seq(
-            request=request,
-            arrival=now,
-            hashes=chunk_hashes(request.prompt_token_ids, self.pool.chunk_tokens),
-        )
+        hashes = request.chunk_hashes
+        if hashes is None:
+            hashes = chunk_hashes(request.prompt_token_ids, self.pool.chunk_tokens)
+        elif len(hashes) != len(request.prompt_token_ids) // self.pool.chunk_tokens:
+            raise ValueError(
+                f"request {request.request_id!r}: {len(hashes)} chunk hashes for a prompt of "
+                f"{len(request.prompt_token_ids)} tokens in chunks of {self.pool.chunk_tokens}"
+            )
+        seq = _Seq(request=request, arrival=now, hashes=list(hashes))
         self._by_id[request.request_id] = seq
         self._waiting.append(seq)
 
@@ -533,6 +576,86 @@ class EngineCore:
             decode_requests=len(decode_contexts),
         )
 
+    def decode_run(self, now: float, max_steps: int = 64) -> DecodeRun | None:
+        """The next steps at once when the engine is in a steady decode batch: nothing waiting, loading or
+        held, every running request decoding within the token budget, for as long as nobody finishes and the
+        KV blocks the batch grows into are there (free or evictable). None when `schedule` is needed (fewer
+        than two such steps). Each step's duration is `timing.step_time` of the batch at that step."""
+        running = self._running
+        profile = self.profile
+        if (
+            not running
+            or self._waiting
+            or self._transferring
+            or self._holds
+            or profile.zero_compute
+            or len(running) > profile.max_num_batched_tokens
+        ):
+            return None
+        steps = max_steps
+        context = 0
+        for seq in running:
+            if seq.num_computed != seq.total_tokens - 1 or seq.num_computed < seq.prompt_len:
+                return None
+            steps = min(steps, seq.request.output_tokens - seq.num_output - 1)
+            context += seq.num_computed
+        if steps < 2:
+            return None
+
+        def fits(count: int) -> bool:
+            return self.pool.can_allocate(
+                sum(self._blocks_needed(seq, seq.num_computed + count) for seq in running)
+            )
+
+        if not fits(steps):
+            low, high = 0, steps  # fits(low), not fits(high)
+            while high - low > 1:
+                middle = (low + high) // 2
+                if fits(middle):
+                    low = middle
+                else:
+                    high = middle
+            steps = low
+            if steps < 2:
+                return None
+        batch = len(running)
+        fixed = timing.step_time(profile, (), [0] * batch)  # the batch's cost without its KV reads
+        # + timing.decode_attention_time(profile, context), inlined term for term (the same floats)
+        kv_bytes, ranks = profile.model.kv_bytes_per_token, profile.tensor_parallel
+        bandwidth = profile.hardware.hbm_bytes_per_s * profile.bandwidth_efficiency
+        durations: list[float] = []
+        ends: list[float] = []
+        at = now
+        for _ in range(steps):
+            duration = fixed + context * kv_bytes / ranks / bandwidth
+            at = at + duration
+            durations.append(duration)
+            ends.append(at)
+            context += batch
+        return DecodeRun(now, ends, durations, tuple(s.request.request_id for s in running), tuple(running))
+
+    def commit_decode_run(self, run: DecodeRun, steps: int) -> None:
+        """Apply the run's next `steps` steps (each running request computed one more token per step)."""
+        if steps <= 0:
+            return
+        if run.committed + steps > len(run.ends):
+            raise ValueError(f"the run has {len(run.ends) - run.committed} steps left, not {steps}")
+        for seq in run.seqs:
+            if seq.state is not _State.RUNNING:
+                raise AssertionError(f"request {seq.request.request_id} left the batch during a decode run")
+            need = self._blocks_needed(seq, seq.num_computed + steps)
+            if not self.pool.allocate(need):
+                raise AssertionError("a decode run outgrew the KV blocks it was sized for")
+            seq.private_blocks += need
+            seq.num_computed += steps
+            seq.num_output += steps
+        stats = self.stats
+        stats.generation_tokens += steps * len(run.seqs)
+        stats.steps += steps
+        for duration in run.durations[run.committed : run.committed + steps]:
+            stats.busy_seconds += duration
+        run.committed += steps
+
     def complete(self, step: ScheduledStep) -> list[Event]:
         now = step.end
         events: list[Event] = []
@@ -678,6 +801,10 @@ class EngineCore:
             + timing.device_copy_time(self.profile, pd_tokens)
         )
         self._record_admission(seq, gpu_tokens, pd_tokens + cpu_tokens + peer_tokens)
+        if self.lmcache is not None and self.lmcache.load and self.lmcache.pd_role is None:
+            self.stats.lmcache_requested_tokens += seq.prompt_len - gpu_tokens
+            self.stats.lmcache_hit_tokens += cpu_tokens + peer_tokens
+            self.stats.lmcache_p2p_hit_tokens += peer_tokens
         seq.state = _State.RUNNING
         self._running.append(seq)
         return StepEntry(seq, new, computed)

@@ -28,7 +28,7 @@ import heapq
 import itertools
 import math
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -46,6 +46,7 @@ from inferencepool.autoscaler.planner import (
 from inferencepool.autoscaler.policy import Recommender
 from inferencepool.engine_sim import timing
 from inferencepool.engine_sim.core import (
+    DecodeRun,
     EngineCore,
     EngineRequest,
     RemotePrefill,
@@ -54,6 +55,7 @@ from inferencepool.engine_sim.core import (
     ScheduledStep,
     TokenEvent,
 )
+from inferencepool.engine_sim.kv import CHUNK_TOKENS, chunk_hashes
 from inferencepool.engine_sim.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from inferencepool.engine_sim.profiles import EngineProfile
 from inferencepool.router.config import AdaptiveThresholdConfig, PrefixAffinityConfig
@@ -67,6 +69,39 @@ from inferencepool.sim.network import Network
 from inferencepool.sim.workload import MOONCAKE_BLOCK_TOKENS, TraceRequest, prompt_ids
 
 REJECTED = "rejected"  # longer than max_model_len: the engine answers 400 and nothing runs
+
+
+class _PromptWork:
+    """What the router and the engines derive from one prompt's ids, computed once however often the
+    prompt is replayed (every scenario and every probe of a goodput search replays the same trace)."""
+
+    __slots__ = ("affinity", "hashes", "ids")
+
+    def __init__(self, ids: Sequence[int]) -> None:
+        self.ids = ids
+        self.hashes: tuple[bytes, ...] | None = None  # the engines' chunk hashes (`kv.chunk_hashes`)
+        self.affinity: dict[int, int | None] = {}  # the router's affinity key, by key length in tokens
+
+    def chunk_hashes(self) -> tuple[bytes, ...]:
+        if self.hashes is None:
+            self.hashes = tuple(chunk_hashes(self.ids, CHUNK_TOKENS))
+        return self.hashes
+
+
+_PROMPTS: dict[tuple[int, int, tuple[int, ...]], _PromptWork] = {}
+_PROMPTS_KEPT = 1 << 20
+
+
+def _prompt_work(request: TraceRequest, number: int) -> _PromptWork:
+    """Request `number` of a trace: an Azure prompt's ids follow from its number and length, a Mooncake
+    prompt's from its length and blocks (whatever its number)."""
+    key = (-1 if request.block_ids else number, request.prompt_tokens, request.block_ids)
+    work = _PROMPTS.get(key)
+    if work is None:
+        if len(_PROMPTS) >= _PROMPTS_KEPT:
+            _PROMPTS.clear()
+        work = _PROMPTS[key] = _PromptWork(prompt_ids(request, number))
+    return work
 
 
 @dataclass(frozen=True)
@@ -179,6 +214,10 @@ class _Latency:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
 
+    def observe_many(self, value: float, times: int) -> None:
+        self.counts[bisect_left(self.bounds, value)] += times
+        self.sum += value * times
+
     def scrape(self) -> Histogram:
         return Histogram(self.bounds, tuple(float(c) for c in itertools.accumulate(self.counts)), self.sum)
 
@@ -193,6 +232,8 @@ class Replica:
     removed_at: float | None = None
     terminating: bool = False
     step: ScheduledStep | None = None
+    run: DecodeRun | None = None  # steps of a steady decode batch timed at once (`EngineCore.decode_run`)
+    run_generation: int = 0  # the run end event that is current (a cut run pushes an earlier one)
     wake_at: float | None = None
     legs: dict[str, RequestRecord] = field(default_factory=dict)
     last_token: dict[str, float] = field(default_factory=dict)
@@ -250,6 +291,7 @@ class ClusterSim:
         progress: Progress | None = None,
         progress_every: float = 60.0,
         kv_link_bytes_per_s: float | None = None,
+        decode_runs: bool = True,
     ) -> None:
         if not trace:
             raise ValueError("an empty trace")
@@ -263,6 +305,8 @@ class ClusterSim:
         self.horizon = horizon  # keep the autoscaler ticking at least this long (to watch a pool shrink)
         self.progress = progress
         self.progress_every = progress_every
+        self.decode_runs = decode_runs
+        self.steps_in_runs = 0  # engine steps timed in decode runs (the rest one at a time)
         self.pods = PodSet(
             load_factor=self.affinity.load_factor_percent / 100,
             virtual_nodes=self.affinity.virtual_nodes,
@@ -361,8 +405,13 @@ class ClusterSim:
                 self.pending_arrivals -= 1
                 self._arrive(payload)
             elif kind == self._STEP_END:
-                assert isinstance(payload, Replica)
-                self._step_end(payload)
+                if isinstance(payload, Replica):
+                    self._step_end(payload)
+                else:
+                    assert isinstance(payload, tuple)
+                    replica, generation = payload
+                    if replica.run is not None and generation == replica.run_generation:
+                        self._run_end(replica)
             elif kind == self._WAKE:
                 assert isinstance(payload, Replica)
                 if payload.wake_at == at:
@@ -416,17 +465,8 @@ class ClusterSim:
             self._finish(record, now)
             return
         self.in_flight += 1
-        ids = prompt_ids(request, record.index)
-        affinity = (
-            self.counter.affinity_key(
-                Prompt(
-                    texts=(), token_ids=(tuple(ids[: self.affinity_tokens]),), message_count=0, stream=True
-                ),
-                self.affinity_tokens,
-            )
-            if self.scenario.prefix_affinity
-            else None
-        )
+        prompt = _prompt_work(request, record.index)
+        affinity = self._affinity(prompt) if self.scenario.prefix_affinity else None
         chosen: Pod | None = None
         keys: list[int] = []
         uncached = record.prompt_tokens
@@ -453,7 +493,9 @@ class ClusterSim:
             record.prefill_pod = pod.name
             if self._routing_model is not None:
                 self._expect(f"r{record.index}", pod.name, record.prompt_tokens)
-            self._send(replica, record, EngineRequest(f"r{record.index}", ids, 1, remote_decode=True))
+            self._send(
+                replica, record, self._engine_request(f"r{record.index}", prompt, 1, remote_decode=True)
+            )
             return
         if chosen is not None:
             record.decode_pod = chosen.name
@@ -462,10 +504,38 @@ class ClusterSim:
             self._send(
                 self.by_engine[chosen.name],
                 record,
-                EngineRequest(f"r{record.index}", ids, record.output_tokens),
+                self._engine_request(f"r{record.index}", prompt, record.output_tokens),
             )
             return
-        self._send_decode(record, EngineRequest(f"r{record.index}", ids, record.output_tokens), affinity)
+        self._send_decode(
+            record, self._engine_request(f"r{record.index}", prompt, record.output_tokens), affinity
+        )
+
+    def _affinity(self, work: _PromptWork) -> int | None:
+        """The router's affinity key of the prompt (its first tokens), as the router computes it."""
+        tokens = self.affinity_tokens
+        if tokens not in work.affinity:
+            prompt = Prompt(texts=(), token_ids=(tuple(work.ids[:tokens]),), message_count=0, stream=True)
+            work.affinity[tokens] = self.counter.affinity_key(prompt, tokens)
+        return work.affinity[tokens]
+
+    @staticmethod
+    def _engine_request(
+        request_id: str,
+        work: _PromptWork,
+        output_tokens: int,
+        *,
+        remote_decode: bool = False,
+        remote_prefill: RemotePrefill | None = None,
+    ) -> EngineRequest:
+        return EngineRequest(
+            request_id,
+            work.ids,
+            output_tokens,
+            remote_prefill=remote_prefill,
+            remote_decode=remote_decode,
+            chunk_hashes=work.chunk_hashes(),
+        )
 
     def _expect(self, leg: str, pod: str, tokens: int) -> None:
         """The router counts the prefill work it sent a pod until that pod's first token for it."""
@@ -547,6 +617,7 @@ class ClusterSim:
         self._send(self.by_engine[pod.name], record, request)
 
     def _send(self, replica: Replica, record: RequestRecord, request: EngineRequest) -> None:
+        self._settle(replica)
         pod = self.pods.pods[replica.name]
         pod.outstanding += 1
         replica.core.add_request(request, self.now)
@@ -572,11 +643,13 @@ class ClusterSim:
             block_ids=hold.block_ids,
             tp_size=self.profile.tensor_parallel,
         )
-        ids = prompt_ids(request, record.index)
+        work = _prompt_work(request, record.index)
         # The KV arrives from the prefill pod, so the decode pod's own prefix cache does not matter (as the
         # router does: no affinity for the decode leg of a disaggregated request).
         self._send_decode(
-            record, EngineRequest(request_id, ids, record.output_tokens, remote_prefill=remote), None
+            record,
+            self._engine_request(request_id, work, record.output_tokens, remote_prefill=remote),
+            None,
         )
         if self._routing_model is not None and record.decode_pod is not None:
             self._prefixes.sent(record.decode_pod, chained_keys(request.block_ids))
@@ -585,9 +658,16 @@ class ClusterSim:
 
     def _kick(self, replica: Replica) -> None:
         """Start the engine's next step if it is idle and has work (the driver loop of virtual.py)."""
-        if replica.step is not None or replica.removed_at is not None:
+        if replica.step is not None or replica.run is not None or replica.removed_at is not None:
             return
         now = self.now
+        if self.decode_runs and replica.role == "decode":
+            run = replica.core.decode_run(now)
+            if run is not None:
+                replica.run = run
+                replica.run_generation += 1
+                self._push(run.end, self._STEP_END, (replica, replica.run_generation))
+                return
         while True:
             step = replica.core.schedule(now)
             reads = replica.core.take_remote_reads()
@@ -643,6 +723,7 @@ class ClusterSim:
 
     def _read_landed(self, replica: Replica, read: RemoteRead, transfer_seconds: float) -> None:
         """The last byte is on the decode engine: the prefill engine frees its hold, the decode leg runs."""
+        self._settle(replica)
         failure = replica.core.remote_read_done(
             read.request_id, self.now, self._release(read), transfer_seconds=transfer_seconds
         )
@@ -654,6 +735,7 @@ class ClusterSim:
         source = self.by_engine.get(read.source.engine_id)
         if source is None:
             return f"prefill engine {read.source.engine_id} is gone"
+        self._settle(source)
         try:
             source.core.release_hold(read.request_id, read.source.engine_id, self.now, read.source.block_ids)
         except LookupError as error:
@@ -674,6 +756,83 @@ class ClusterSim:
                 self._token(replica, event)
         self._kick(replica)
         self._maybe_remove(replica)
+
+    # ----- decode runs: many steps of a steady batch at once -----
+
+    def _settle(self, replica: Replica) -> None:
+        """Something is about to reach this engine now: its decode run keeps only the step in flight."""
+        run = replica.run
+        if run is not None and run.cut(self.now):
+            replica.run_generation += 1
+            self._push(run.end, self._STEP_END, (replica, replica.run_generation))
+
+    def _realize(self) -> None:
+        """Before the autoscaler or the threshold reads the engines: every step that has ended has counted."""
+        for replica in self.replicas:
+            run = replica.run
+            if run is not None:
+                self._commit_run(replica, run, bisect_right(run.ends, self.now))
+
+    def _run_end(self, replica: Replica) -> None:
+        run = replica.run
+        assert run is not None
+        self._commit_run(replica, run, len(run.ends))
+        replica.run = None
+        self._kick(replica)
+        self._maybe_remove(replica)
+
+    def _commit_run(self, replica: Replica, run: DecodeRun, upto: int) -> None:
+        """Steps [committed, upto) of a run: the engine applies them, and each request's client and the
+        engine's histograms see one token per step, as `_token` would have, one step at a time."""
+        first = run.committed
+        if upto <= first:
+            return
+        ends = run.ends
+        at = ends[upto - 1]
+        start = ends[first]
+        later = array("d", [ends[i] - ends[i - 1] for i in range(first + 1, upto)])
+        count = upto - first
+        itl = replica.itl
+        engine_last = replica.last_token
+        engine_gaps: list[float] = []
+        client_gaps: list[float] = []
+        gaps = self.gaps
+        for request_id in run.request_ids:
+            record = replica.legs[request_id]
+            gap = start - engine_last[request_id]
+            itl.observe(gap)
+            engine_gaps.append(gap)
+            engine_last[request_id] = at
+            assert record.last_token is not None
+            gap = start - record.last_token
+            client_gaps.append(gap)
+            total = record.itl_sum + gap
+            for later_gap in later:
+                total += later_gap
+            record.itl_sum = total
+            record.last_token = at
+            record.tokens_received += count
+            gaps.append(gap)
+            gaps.extend(later)
+        batch = len(run.request_ids)
+        for later_gap in later:
+            itl.observe_many(later_gap, batch)
+        self._generated += count * batch
+        if self._planner is not None:
+            for gap in engine_gaps:
+                self._itl_sum += gap
+            for later_gap in later:
+                self._itl_sum += later_gap * batch
+            self._itl_count += count * batch
+        if self.scenario.adaptive is not None:
+            samples = self.itl_samples
+            for gap in client_gaps:
+                samples.add(gap)
+            for later_gap in later:
+                for _ in range(batch):
+                    samples.add(later_gap)
+        replica.core.commit_decode_run(run, count)
+        self.steps_in_runs += count
 
     def _token(self, replica: Replica, event: TokenEvent) -> None:
         now = self.now
@@ -807,6 +966,7 @@ class ClusterSim:
     def _plan(self) -> None:
         planner, scaling = self._planner, self.scenario.planner
         assert planner is not None and scaling is not None
+        self._realize()
         settings = scaling.settings
         members = {role: self._members(role) for role in POOL_ROLES}
         ready = {role: [r for r in members[role] if r.ready(self.now)] for role in POOL_ROLES}
@@ -876,6 +1036,7 @@ class ClusterSim:
     def _autoscale(self, role: PoolRole) -> None:
         scaling = self.scenario.autoscaling
         assert scaling is not None
+        self._realize()
         settings = scaling.settings(role)
         members = self._members(role)
         ready = [r for r in members if r.ready(self.now)]
@@ -918,6 +1079,7 @@ class ClusterSim:
     def _adapt_threshold(self) -> None:
         config = self.scenario.adaptive
         assert config is not None
+        self._realize()
         decision = adapt(
             self.threshold,
             self.scenario.threshold_tokens,
