@@ -374,3 +374,40 @@ def test_the_recommendation_is_a_metric_per_role_read_from_status() -> None:
         value for name, value in vars(planner_module).items() if name.isupper() and isinstance(value, str)
     }
     assert planner_reasons <= set(DECISION_REASONS)
+
+
+def test_a_bound_across_both_pools_holding_a_role_below_its_need_is_scaling_limited() -> None:
+    """The GPU budget cuts decode from 5 to 3: the role's plan says BudgetLimited and the pool's
+    ScalingLimited condition is True with reason AtGpuBudget (AtRatioBound for the ratio) until it lifts."""
+    import asyncio
+    from typing import cast
+
+    from tests.unit.builders_examples import load_pool
+
+    from inferencepool.api.v1alpha1 import Autoscaling
+    from inferencepool.autoscaler.planner import BUDGET_LIMITED, RATIO_BOUND, RolePlan
+    from inferencepool.autoscaler.runner import PoolAutoscaler, _Role
+
+    events: list[str] = []
+    scaler = PoolAutoscaler(
+        cast(Any, None), load_pool("demo-cpu.yaml"), cast(Any, None), lambda _r, _t, m, _s: events.append(m)
+    )
+    external = Autoscaling.model_validate(
+        {"maxReplicas": 8, "target": {"itlMilliseconds": 40}, "mode": "External"}
+    )
+
+    def plan(reason: str, replicas: int, wanted: int) -> RolePlan:
+        return RolePlan("decode", 3, 3, replicas, wanted, reason, f"3 -> {replicas} ({reason})", 2.0, 4.0,
+                        0.8, 1.0, 1.0, 0.05, 0.04)  # fmt: skip
+
+    state = scaler._roles.setdefault("decode", _Role())
+    asyncio.run(scaler._act("decode", state, external, {}, plan(BUDGET_LIMITED, 3, 5)))
+    limits = scaler.scaling_limited()
+    assert limits is not None and (limits.limited, limits.reason) == (True, "AtGpuBudget")
+    assert "decode: 3 -> 3 (BudgetLimited)" in limits.message
+    asyncio.run(scaler._act("decode", state, external, {}, plan(RATIO_BOUND, 3, 4)))
+    limits = scaler.scaling_limited()
+    assert limits is not None and limits.reason == "AtRatioBound"
+    asyncio.run(scaler._act("decode", state, external, {}, plan("Steady", 3, 3)))
+    limits = scaler.scaling_limited()
+    assert limits is not None and not limits.limited

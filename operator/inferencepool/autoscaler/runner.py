@@ -59,7 +59,13 @@ from inferencepool.autoscaler.histogram import (
     read_gauge,
     read_histogram,
 )
-from inferencepool.autoscaler.planner import SCALING_LIMITED, Planner, RolePlan
+from inferencepool.autoscaler.planner import (
+    BUDGET_LIMITED,
+    RATIO_BOUND,
+    SCALING_LIMITED,
+    Planner,
+    RolePlan,
+)
 from inferencepool.autoscaler.planning import capacity_seed, planned, planner_settings
 from inferencepool.autoscaler.policy import Decision, Recommender
 from inferencepool.builders.common import PoolRef, engine_name, selector_labels
@@ -92,7 +98,7 @@ class ScalingLimits:
     """The ScalingLimited condition's value: whether a pool cannot get the replicas its target needs."""
 
     limited: bool
-    reason: str  # PodsUnschedulable, AtMaxReplicas or WithinLimits
+    reason: str  # PodsUnschedulable, AtMaxReplicas, AtGpuBudget, AtRatioBound (spec.scaling) or WithinLimits
     message: str
 
 
@@ -107,6 +113,7 @@ class _Role:
     told: tuple[int, int] | None = None  # mode External: (recommended, current) last posted as an event
     last_scaling: ScalingDecision | None = None
     limited: str | None = None  # why the role wants more than maxReplicas, while it does
+    bounded: tuple[str, str] | None = None  # (reason, message) while spec.scaling holds it below its want
     unschedulable: str | None = None  # pods the scheduler cannot place (no GPUs free, say), while there are
 
 
@@ -392,6 +399,9 @@ class PoolAutoscaler:
     ) -> None:
         """One role's plan: the replicas written (mode Operator) or recommended (External), explained."""
         state.limited = plan.message if plan.reason == SCALING_LIMITED else None
+        # a bound across both pools (spec.scaling) holding the role below what its target needs
+        cut = plan.reason in (BUDGET_LIMITED, RATIO_BOUND) and plan.replicas < plan.wanted
+        state.bounded = (plan.reason, plan.message) if cut else None
         current = plan.current
         # The planner scales up at once; the spec's step limit still holds.
         replicas = min(plan.replicas, current + autoscaling.max_scale_up_replicas)
@@ -565,11 +575,16 @@ class PoolAutoscaler:
             f"{role}: {state.unschedulable}" for role, state in self._roles.items() if state.unschedulable
         ]
         at_max = [f"{role}: {state.limited}" for role, state in self._roles.items() if state.limited]
-        if not stuck and not at_max:
+        bounded = {role: state.bounded for role, state in self._roles.items() if state.bounded}
+        if not stuck and not at_max and not bounded:
             return ScalingLimits(False, "WithinLimits", "every autoscaled pool is within its replica bounds")
-        return ScalingLimits(
-            True, "PodsUnschedulable" if stuck else "AtMaxReplicas", "; ".join(stuck + at_max)
-        )
+        cut = [f"{role}: {message}" for role, (_, message) in bounded.items()]
+        if stuck or at_max:
+            reason = "PodsUnschedulable" if stuck else "AtMaxReplicas"
+        else:  # spec.scaling: the GPU budget before the ratio, as the planner applies them
+            reasons = {reason for reason, _ in bounded.values()}
+            reason = "AtGpuBudget" if BUDGET_LIMITED in reasons else "AtRatioBound"
+        return ScalingLimits(True, reason, "; ".join(stuck + at_max + cut))
 
 
 def _unschedulable(pods: list[dict[str, Any]]) -> str | None:
