@@ -1,4 +1,5 @@
-"""LMCache p2p between two fake engines: a prefix computed on one is fetched by the other at transfer cost."""
+"""LMCache p2p between two fake engines and the LMCache controller: a prefix computed on one is fetched by the
+other at transfer cost."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
-from tests.support.engines import RunningEngine, running_engine
+from tests.support.engines import RunningEngine, p2p_config, running_engine, running_lmcache_controller
 
 from inferencepool.engine_sim.core import LmcacheSettings
 
@@ -29,19 +30,21 @@ async def complete(http: aiohttp.ClientSession, engine: RunningEngine, prompt: s
 
 async def test_peer_prefix_is_fetched_not_recomputed() -> None:
     settings = LmcacheSettings(cpu_capacity_chunks=1000, p2p=True)
-    async with running_engine("cpu-demo", MODEL, time_scale=0.05, lmcache=settings) as holder:
-        peer = f"127.0.0.1:{holder.engine.side_channel_port}"
-        async with (
-            running_engine(
-                "cpu-demo", MODEL, time_scale=0.05, lmcache=settings, p2p_peers=[peer], p2p_refresh_s=0.05
-            ) as fetcher,
-            aiohttp.ClientSession() as http,
-        ):
-            await complete(http, holder, SHARED + " first question")
-            await asyncio.sleep(0.3)  # a few mirror refreshes
-            await complete(http, fetcher, SHARED + " second question")
-            assert await counter(http, fetcher, "vllm:external_prefix_cache_hits_total") == 11 * 256
-            assert await counter(http, fetcher, "vllm:prefix_cache_hits_total") == 0
-            # a prompt nobody holds is computed locally
-            await complete(http, fetcher, " ".join(f"u{i}" for i in range(600)))
-            assert await counter(http, fetcher, "vllm:external_prefix_cache_hits_total") == 11 * 256
+    async with (
+        running_lmcache_controller() as controller,
+        running_engine(
+            "cpu-demo", MODEL, time_scale=0.05, lmcache=settings, p2p=p2p_config(controller, "holder")
+        ) as holder,
+        running_engine(
+            "cpu-demo", MODEL, time_scale=0.05, lmcache=settings, p2p=p2p_config(controller, "fetcher")
+        ) as fetcher,
+        aiohttp.ClientSession() as http,
+    ):
+        await complete(http, holder, SHARED + " first question")
+        await asyncio.sleep(0.3)  # the holder's admit batches reach the controller
+        await complete(http, fetcher, SHARED + " second question")
+        assert await counter(http, fetcher, "vllm:external_prefix_cache_hits_total") == 11 * 256
+        assert await counter(http, fetcher, "vllm:prefix_cache_hits_total") == 0
+        # a prompt nobody holds is computed locally
+        await complete(http, fetcher, " ".join(f"u{i}" for i in range(600)))
+        assert await counter(http, fetcher, "vllm:external_prefix_cache_hits_total") == 11 * 256

@@ -5,7 +5,10 @@ wheel.
         url = engine.url  # http://127.0.0.1:<port>
 
 `profile` names a profile in profiles.PROFILES (or is an EngineProfile); `time_scale` < 1 runs the timing
-model faster than real time; other keywords are EngineConfig fields (nixl, lmcache, p2p_peers, kv_lease_s...).
+model faster than real time; other keywords are EngineConfig fields (nixl, lmcache, p2p, kv_lease_s...).
+
+LMCache p2p engines need a controller: `async with running_lmcache_controller() as controller:` and
+`p2p=p2p_config(controller, "pod-a")` for each engine.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from inferencepool.engine_sim.config import P2PConfig
+from inferencepool.engine_sim.lmcache_controller import FakeLMCacheController
 from inferencepool.engine_sim.profiles import EngineProfile, get_profile
 from inferencepool.engine_sim.server import EngineConfig, FakeEngine
 
@@ -63,6 +68,29 @@ async def running_engine(
         yield RunningEngine(engine)
     finally:
         await engine.stop()
+
+
+@contextlib.asynccontextmanager
+async def running_lmcache_controller(host: str = "127.0.0.1") -> AsyncIterator[FakeLMCacheController]:
+    """The fake LMCache controller on free loopback ports (HTTP, pull and reply)."""
+    controller = FakeLMCacheController(host, 0, 0, 0)
+    await controller.start()
+    try:
+        yield controller
+    finally:
+        await controller.stop()
+
+
+def p2p_config(controller: FakeLMCacheController, instance_id: str, **overrides: Any) -> P2PConfig:
+    """An engine's LMCache p2p settings against `controller`, its own sockets on free ports."""
+    host = controller.host
+    return P2PConfig(
+        instance_id=instance_id,
+        controller_pull=f"{host}:{controller.pull_port}",
+        controller_reply=f"{host}:{controller.reply_port}",
+        host=host,
+        **overrides,
+    )
 
 
 @contextlib.asynccontextmanager

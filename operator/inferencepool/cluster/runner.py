@@ -42,6 +42,7 @@ from inferencepool.cluster.podspec import ContainerPlan, PlanError, PodPlan, Pro
 log = logging.getLogger("inferencepool.cluster.runner")
 
 TICK_SECONDS = 0.2
+SERVICE_TABLE_SECONDS = 1.0  # how often the Service table (podspec.service_hosts) is refreshed
 PLAN_RETRY_SECONDS = 5.0
 MAX_BACKOFF_SECONDS = 30.0
 EVENT_SOURCE = "inferencepool-pod-runner"
@@ -145,8 +146,11 @@ class PodRunner:
         self.managed: dict[str, ManagedPod] = {}
         self.retry_at: dict[str, float] = {}
         self.reported_errors: dict[str, str] = {}
-        self.base_env = dict(os.environ)
+        self.services_file = layout.runner / "services.json"
+        self.base_env = {**os.environ, podspec.LOCAL_HOSTS_ENV: str(self.services_file)}
         self.last_tick = 0.0
+        self.last_services = 0.0
+        self.service_table: dict[str, list[str]] | None = None
 
     # --- talking to the API server ---
     def _annotate(self, pod: Mapping[str, Any], value: str | None) -> None:
@@ -370,6 +374,9 @@ class PodRunner:
         if now - self.last_tick < TICK_SECONDS:
             return
         self.last_tick = now
+        if now - self.last_services >= SERVICE_TABLE_SECONDS:
+            self.last_services = now
+            self.write_service_table()
         for uid in [uid for uid, at in self.retry_at.items() if at <= now]:
             self.reconcile(uid)
         for uid, managed in list(self.managed.items()):
@@ -421,6 +428,15 @@ class PodRunner:
             managed.ready = True
             self._annotate(pod, "true")
             log.info("%s is ready", managed.plan.key)
+
+    def write_service_table(self) -> None:
+        """Publish Service addresses for the local processes (the file named by INFERENCEPOOL_LOCAL_HOSTS)."""
+        response = self.api.list_service_for_all_namespaces(_preload_content=False)
+        services = json.loads(response.data)["items"]
+        table = podspec.service_hosts(services, list(self.objects.values()))
+        if table != self.service_table:
+            procs.write_atomically(self.services_file, json.dumps(table, indent=1, sort_keys=True) + "\n")
+            self.service_table = table
 
     def stop_all(self, timeout: float) -> None:
         for managed in self.managed.values():

@@ -8,7 +8,7 @@ KVTransferConfig checks it (unknown fields, kv_role). Flags that change the timi
 --block-size, --[no-]enable-prefix-caching) are honoured, and so is --shutdown-timeout (0, vLLM's default,
 aborts in-flight requests on SIGTERM; N drains requests and held NIXL KV for up to N seconds); the other vLLM
 flags are ignored. Fake-only flags: --profile (or env FAKE_ENGINE_PROFILE), --role, --time-scale (or env
-FAKE_ENGINE_TIME_SCALE), --nixl-side-channel-port, --p2p-peer, --load-time.
+FAKE_ENGINE_TIME_SCALE), --nixl-side-channel-port, --load-time.
 
 P/D disaggregation needs a NIXL connector, as in vLLM: `--kv-transfer-config '{"kv_connector":"NixlConnector",
 "kv_role":"kv_producer"}'` (kv_consumer on decode; kv_both still works but is deprecated); `--role
@@ -17,7 +17,9 @@ LMCacheConnectorV1 with kv_role kv_producer / kv_consumer (kv_connector_extra_co
 skip_last_n_tokens) and, in the LMCache settings (LMCACHE_CONFIG_FILE, then LMCACHE_<KEY> variables),
 enable_pd with pd_role sender (pd_proxy_host, pd_proxy_port) / receiver (pd_peer_host, else --host;
 pd_peer_init_port, pd_peer_alloc_port, one per TP rank, 0 for a free port; pd_buffer_size in bytes per rank,
-pd_allocation_timeout_sec, pd_max_prefill_len). See docs/engine-contract.md.
+pd_allocation_timeout_sec, pd_max_prefill_len). LMCache p2p is enable_p2p with enable_controller, as LMCache
+requires: lmcache_instance_id, controller_pull_url, controller_reply_url, lmcache_worker_ports, p2p_host,
+p2p_init_ports, p2p_lookup_ports (one per TP rank, 0 for a free port). See docs/engine-contract.md.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from inferencepool.engine_sim.vllm_flags import KV_TRANSFER_CONFIG_FIELDS, SERVE_FLAGS
 
 if TYPE_CHECKING:
+    from inferencepool.engine_sim.config import P2PConfig
     from inferencepool.engine_sim.profiles import EngineProfile
     from inferencepool.engine_sim.server import PdConfig
 
@@ -104,12 +107,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="overrides env VLLM_NIXL_SIDE_CHANNEL_PORT (default 5600); 0 picks a free port",
-    )
-    parser.add_argument(
-        "--p2p-peer",
-        action="append",
-        default=None,
-        help="side channel host:port of an LMCache p2p peer (repeatable; env FAKE_ENGINE_P2P_PEERS)",
     )
     parser.add_argument(
         "--load-time", type=float, default=0.0, help="seconds before listening (model loading)"
@@ -208,7 +205,9 @@ def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None
         side_port = args.nixl_side_channel_port
     else:
         side_port = _int_env(env, "VLLM_NIXL_SIDE_CHANNEL_PORT", 5600)
-    peers = args.p2p_peer or [p for p in env.get("FAKE_ENGINE_P2P_PEERS", "").split(",") if p]
+    p2p_config = (
+        _p2p_config(settings, profile.tensor_parallel) if lmcache is not None and lmcache.p2p else None
+    )
     time_scale = (
         args.time_scale if args.time_scale is not None else float(env.get("FAKE_ENGINE_TIME_SCALE", "1"))
     )
@@ -227,13 +226,37 @@ def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None
         kv_lease_s=lease,
         recompute_on_load_failure=failure_policy == "recompute",
         lmcache=lmcache,
-        p2p_peers=peers,
+        p2p=p2p_config,
         prefix_caching=args.enable_prefix_caching,
         chunk_tokens=chunk_tokens,
         time_scale=time_scale,
         tokenizer=load_tokenizer(args.tokenizer, model),
         role=args.role,
         pd=pd[0] if pd else None,
+    )
+
+
+def _p2p_config(settings: dict[str, Any], tp: int) -> P2PConfig:
+    """LMCache's checks for p2p (lmcache/v1/config.py _validate_config: enable_p2p asserts enable_controller
+    and every address it needs), as errors naming the setting."""
+    from inferencepool.engine_sim.config import P2PConfig
+
+    if not _truthy(settings.get("enable_controller", False)):
+        raise ValueError("LMCache settings: enable_p2p needs enable_controller (LMCache asserts it)")
+    for key in ("lmcache_instance_id", "controller_pull_url", "controller_reply_url", "p2p_host"):
+        if not settings.get(key):
+            raise ValueError(f"LMCache settings: {key} is required when enable_controller/enable_p2p is set")
+    for key in ("lmcache_worker_ports", "p2p_init_ports", "p2p_lookup_ports"):
+        if settings.get(key) in (None, "", []):
+            raise ValueError(f"LMCache settings: {key} is required when enable_controller/enable_p2p is set")
+    return P2PConfig(
+        instance_id=str(settings["lmcache_instance_id"]),
+        controller_pull=str(settings["controller_pull_url"]),
+        controller_reply=str(settings["controller_reply_url"]),
+        host=str(settings["p2p_host"]),
+        init_ports=_port_list("p2p_init_ports", settings["p2p_init_ports"], tp),
+        lookup_ports=_port_list("p2p_lookup_ports", settings["p2p_lookup_ports"], tp),
+        worker_ports=_port_list("lmcache_worker_ports", settings["lmcache_worker_ports"], tp),
     )
 
 
@@ -389,7 +412,9 @@ def _lmcache_settings(env: dict[str, str]) -> dict[str, Any]:
 _ENV_KEYS = (
     "chunk_size", "local_cpu", "max_local_cpu_size", "local_disk", "max_local_disk_size", "enable_p2p",
     "enable_pd", "pd_role", "pd_buffer_size", "pd_peer_host", "pd_peer_init_port", "pd_peer_alloc_port",
-    "pd_proxy_host", "pd_proxy_port", "pd_allocation_timeout_sec", "pd_max_prefill_len",
+    "pd_proxy_host", "pd_proxy_port", "pd_allocation_timeout_sec", "pd_max_prefill_len", "enable_controller",
+    "lmcache_instance_id", "controller_pull_url", "controller_reply_url", "lmcache_worker_ports", "p2p_host",
+    "p2p_init_ports", "p2p_lookup_ports",
 )  # fmt: skip
 
 

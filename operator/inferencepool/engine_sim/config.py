@@ -37,6 +37,34 @@ class PdConfig:
             raise ValueError(f'pd_role must be "sender" or "receiver", got {self.role!r}')
 
 
+@dataclass(frozen=True)
+class P2PConfig:
+    """LMCache p2p through its controller (enable_p2p with enable_controller): what this engine's LMCache
+    workers bind (p2p_host, one init, lookup and worker port per TP rank; 0: any free port) and the
+    controller's sockets they dial ("host:port", controller_pull_url and controller_reply_url)."""
+
+    instance_id: str  # lmcache_instance_id, the pod name
+    controller_pull: str
+    controller_reply: str
+    host: str = "127.0.0.1"  # p2p_host, the pod IP
+    init_ports: tuple[int, ...] = (0,)  # p2p_init_ports
+    lookup_ports: tuple[int, ...] = (0,)  # p2p_lookup_ports
+    worker_ports: tuple[int, ...] = (0,)  # lmcache_worker_ports
+    # LMCache's socket timeouts (rpc_utils.py DEFAULT_SOCKET_RECV/SEND_TIMEOUT_MS), wall seconds
+    recv_timeout_s: float = 30.0
+    send_timeout_s: float = 10.0
+    batch_timeout_s: float = 0.01  # kv_msg_batch_timeout: admit/evict batches go out this often
+
+    def check(self, tensor_parallel: int) -> None:
+        for name, ports in (
+            ("p2p_init_ports", self.init_ports),
+            ("p2p_lookup_ports", self.lookup_ports),
+            ("lmcache_worker_ports", self.worker_ports),
+        ):
+            if len(ports) < tensor_parallel:
+                raise ValueError(f"LMCache settings: {name} needs one port per TP rank ({tensor_parallel})")
+
+
 @dataclass
 class EngineConfig:
     profile: EngineProfile
@@ -51,8 +79,7 @@ class EngineConfig:
     kv_lease_s: float = 30.0
     recompute_on_load_failure: bool = False  # kv_load_failure_policy "recompute" instead of "fail"
     lmcache: LmcacheSettings | None = None
-    p2p_peers: list[str] = field(default_factory=list)  # side-channel "host:port" of peers, for p2p mirrors
-    p2p_refresh_s: float = 0.5
+    p2p: P2PConfig | None = None  # LMCache p2p: the controller and this engine's sockets (lmcache.p2p)
     prefix_caching: bool = True
     chunk_tokens: int = 256
     time_scale: float = 1.0
@@ -64,6 +91,10 @@ class EngineConfig:
         """What an engine refuses to start with, as vLLM or LMCache would."""
         if self.time_scale <= 0:
             raise ValueError("time scale must be > 0")
+        if self.lmcache is not None and self.lmcache.p2p:
+            if self.p2p is None:
+                raise ValueError("LMCache p2p needs its controller settings (EngineConfig.p2p)")
+            self.p2p.check(self.profile.tensor_parallel)
         pd_role = self.lmcache.pd_role if self.lmcache else None
         if (self.pd.role if self.pd else None) != pd_role:
             raise ValueError("LMCache PD mode needs both EngineConfig.pd and LmcacheSettings.pd_role, alike")

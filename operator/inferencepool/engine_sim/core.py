@@ -34,7 +34,7 @@ from inferencepool.engine_sim.kv import (
     BlockPool,
     LruChunkStore,
     PdBuffer,
-    SharedPrefixIndex,
+    PrefixIndex,
     chunk_hashes,
     lmcache_chunk_keys,
 )
@@ -290,7 +290,7 @@ class EngineCore:
         nixl: bool = False,
         kv_lease_s: float = 30.0,
         recompute_on_load_failure: bool = False,
-        prefix_index: SharedPrefixIndex | None = None,
+        prefix_index: PrefixIndex | None = None,
         chunk_tokens: int = 256,
     ) -> None:
         profile.validate()

@@ -13,6 +13,7 @@ import hashlib
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 CHUNK_TOKENS = 256
 
@@ -185,6 +186,9 @@ class LruChunkStore:
     def __contains__(self, key: bytes) -> bool:
         return key in self._chunks
 
+    def chunks(self) -> list[bytes]:
+        return list(self._chunks)
+
     def touch(self, key: bytes) -> None:
         self._chunks.move_to_end(key)
 
@@ -269,12 +273,20 @@ class PdBuffer:
         return self.used_chunks
 
 
-class SharedPrefixIndex:
-    """Which engine holds which chunk (LMCache's controller view, for p2p fetches between engines).
+class PrefixIndex(Protocol):
+    """Where an engine's LMCache learns which peer holds a chunk, and tells what its CPU tier holds."""
 
-    In virtual time one instance is shared by every simulated engine; the HTTP fake engine keeps a local
-    mirror refreshed from its peers (see server.py), which is eventually consistent as LMCache's controller
-    is.
+    def add(self, engine_id: str, key: bytes) -> None: ...
+
+    def remove(self, engine_id: str, key: bytes) -> None: ...
+
+    def holder(self, key: bytes, excluding: str) -> str | None: ...
+
+
+class SharedPrefixIndex:
+    """Which engine holds which chunk (LMCache's controller view, for p2p fetches between engines), shared by
+    every simulated engine in virtual time. The HTTP fake engine asks a controller instead
+    (lmcache_p2p.ControllerIndex).
     """
 
     def __init__(self) -> None:
@@ -289,13 +301,6 @@ class SharedPrefixIndex:
             holders.discard(engine_id)
             if not holders:
                 del self._holders[key]
-
-    def replace_engine(self, engine_id: str, keys: Iterable[bytes]) -> None:
-        """Set an engine's full holding (mirror refresh)."""
-        for key in list(self._holders):
-            self.remove(engine_id, key)
-        for key in keys:
-            self.add(engine_id, key)
 
     def holder(self, key: bytes, excluding: str) -> str | None:
         holders = self._holders.get(key)

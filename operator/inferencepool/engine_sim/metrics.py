@@ -33,10 +33,15 @@ NIXL_XFER_TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0
 NIXL_BYTES_BUCKETS = tuple(float(2 ** (10 + i)) for i in range(1, 25, 2))
 
 
+# LMCache's labels (lmcache/observability.py PrometheusLogger._metadata_to_labels)
+LMCACHE_LABELS = ("model_name", "worker_id", "role", "served_model_name")
+
+
 class _CoreCollector(Collector):
-    def __init__(self, core: EngineCore, labels: tuple[str, str]) -> None:
+    def __init__(self, core: EngineCore, labels: tuple[str, str], model: str) -> None:
         self._core = core
         self._labels = list(labels)
+        self._model = model
 
     def collect(self) -> Iterator[Metric]:
         core, values = self._core, self._labels
@@ -81,6 +86,38 @@ class _CoreCollector(Collector):
             yield from self._nixl_counters()
         if core.lmcache is not None and core.lmcache.pd_role is not None:
             yield from self._pd_counters()
+        elif core.lmcache is not None:
+            yield from self._lmcache_counters()
+
+    def _lmcache_counters(self) -> Iterator[Metric]:
+        """LMCache's retrieve counters, one series per TP rank (each rank's LMCache worker counts the tokens
+        of its own shard), on the engine's page as when LMCache shares vLLM's Prometheus directory; and, not
+        LMCache's, the tokens p2p moved in and out (LMCache only times p2p transfers, on the serving side)."""
+        stats = self._core.stats
+        counters = (
+            ("lmcache:num_requested_tokens", "Total number of tokens requested from lmcache",
+             stats.lmcache_requested_tokens),
+            ("lmcache:num_hit_tokens", "Total number of tokens hit in lmcache", stats.lmcache_hit_tokens),
+        )  # fmt: skip
+        served = self._labels[0]
+        for name, doc, value in counters:
+            counter = CounterMetricFamily(name, doc, labels=LMCACHE_LABELS)
+            for rank in range(self._core.profile.tensor_parallel):
+                counter.add_metric([self._model, str(rank), "worker", served], value)
+            yield counter
+        if not self._core.lmcache or not self._core.lmcache.p2p:
+            return
+        p2p = (
+            ("fake_engine:lmcache_p2p_hit_tokens", "Prompt tokens LMCache fetched from a peer engine (p2p).",
+             stats.lmcache_p2p_hit_tokens),
+            ("fake_engine:lmcache_p2p_served_tokens",
+             "Tokens of this engine's LMCache CPU tier sent to peer engines (p2p).",
+             stats.lmcache_p2p_served_tokens),
+        )  # fmt: skip
+        for name, doc, value in p2p:
+            counter = CounterMetricFamily(name, doc, labels=LABELS)
+            counter.add_metric(self._labels, value)
+            yield counter
 
     def _nixl_counters(self) -> Iterator[Metric]:
         # NixlPromMetrics' counters (nixl/stats.py), exported from start as vLLM's per-engine children are.
@@ -140,10 +177,12 @@ class _CoreCollector(Collector):
 
 
 class EngineMetrics:
-    def __init__(self, core: EngineCore, model_name: str, engine_index: str = "0") -> None:
+    def __init__(
+        self, core: EngineCore, model_name: str, engine_index: str = "0", model: str | None = None
+    ) -> None:
         self.registry = CollectorRegistry()
         labels = (model_name, engine_index)
-        self.registry.register(_CoreCollector(core, labels))
+        self.registry.register(_CoreCollector(core, labels, model or model_name))
         self.ttft = Histogram(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",

@@ -5,8 +5,10 @@ owns the engine's lifecycle (start, drain on SIGTERM as vLLM's --shutdown-timeou
 loop; each listener is a part with one job:
 - openai_api.py: the API port (--port), vLLM's OpenAI-compatible endpoints and /metrics;
 - side_channel.py: the NIXL side channel, only with a NIXL or LMCache connector: KV reads served to decode
-  engines and performed against prefill engines, and the LMCache p2p chunk listing;
-- lmcache_pd.py: LMCache PD mode, the receiver's init/alloc sockets or the sender's pushes and ProxyNotifs.
+  engines and performed against prefill engines;
+- lmcache_pd.py: LMCache PD mode, the receiver's init/alloc sockets or the sender's pushes and ProxyNotifs;
+- lmcache_p2p.py: LMCache p2p, the workers that register with the LMCache controller, report the CPU tier's
+  chunks, look prompts up at peers and serve peers' lookups.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from aiohttp import ClientSession, ClientTimeout, web
 from inferencepool.engine_sim.config import EngineConfig, PdConfig
 from inferencepool.engine_sim.core import EngineCore, RequestFailed, TokenEvent
 from inferencepool.engine_sim.httputil import app_runner, bound_port
-from inferencepool.engine_sim.kv import SharedPrefixIndex
+from inferencepool.engine_sim.lmcache_p2p import ControllerIndex, P2PWorker
 from inferencepool.engine_sim.lmcache_pd import PdReceiver, PdSender
 from inferencepool.engine_sim.metrics import EngineMetrics
 from inferencepool.engine_sim.openai_api import OpenAIApi, Stream
@@ -43,7 +45,8 @@ class FakeEngine:
     def __init__(self, config: EngineConfig) -> None:
         config.check()
         self.config = config
-        self.prefix_index = SharedPrefixIndex() if config.lmcache and config.lmcache.p2p else None
+        p2p = config.p2p if config.lmcache and config.lmcache.p2p else None
+        self.prefix_index = ControllerIndex() if p2p is not None else None
         self.core = EngineCore(
             config.profile,
             config.engine_id,
@@ -55,7 +58,8 @@ class FakeEngine:
             prefix_index=self.prefix_index,
             chunk_tokens=config.chunk_tokens,
         )
-        self.metrics = EngineMetrics(self.core, config.served_model_names[0])
+        self.metrics = EngineMetrics(self.core, config.served_model_names[0], model=config.model)
+        self.p2p = P2PWorker(self, p2p, self.prefix_index) if p2p and self.prefix_index else None
         self.streams: dict[str, Stream] = {}  # requests in flight, by request id
         self.draining = False
         self.api = OpenAIApi(self)
@@ -76,7 +80,7 @@ class FakeEngine:
 
     @property
     def session(self) -> ClientSession:
-        """The client for engine-to-engine calls (KV reads, PD pushes, p2p mirrors); exists once started."""
+        """The client for engine-to-engine calls (KV reads, PD pushes); exists once started."""
         assert self._session is not None, "the engine is not started"
         return self._session
 
@@ -109,8 +113,8 @@ class FakeEngine:
         self._api_site = web.TCPSite(runner, self.config.host, self.config.port)
         await self._api_site.start()
         self.port = bound_port(self._api_site)
-        if self.prefix_index is not None and self.config.p2p_peers:
-            self.spawn(self.side_channel.mirror_peers())
+        if self.p2p is not None:
+            await self.p2p.start()
         log.info(
             "fake engine %s (%s) serving %s on %s:%s, tokenizer %s, profile %s, NIXL %s",
             self.config.engine_id,
@@ -155,6 +159,13 @@ class FakeEngine:
             await self._session.close()
         if self.pd_sender is not None:
             self.pd_sender.close()
+        if self.p2p is not None:
+            await self.p2p.close()
+
+    async def before_admission(self, prompt_token_ids: list[int]) -> None:
+        """What LMCache does before vLLM can schedule a prompt: with p2p, find its prefix at a peer."""
+        if self.p2p is not None:
+            await self.p2p.lookup(prompt_token_ids)
 
     def spawn(self, coro: Awaitable[Any]) -> None:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)

@@ -5,14 +5,11 @@ Real vLLM answers a ZMQ handshake there and then reads KV blocks by RDMA; the fa
 address. Serving end (a prefill engine): POST /nixl/read_blocks names the engine, request and blocks from
 kv_transfer_params and releases the engine's lease on them (or fails: wrong engine, unknown or expired
 request). Reading end (a decode engine): performs the reads the core asks for, then the core pays the
-modelled transfer time. The same listener serves GET /lmcache/chunks, the prefix chunks this engine's
-LMCache CPU tier holds, which p2p peers mirror into their prefix index (as LMCache's controller would tell
-them).
+modelled transfer time. (LMCache p2p has sockets of its own: lmcache_p2p.py.)
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import TYPE_CHECKING
 
@@ -39,7 +36,6 @@ class SideChannel:
         app.add_routes(
             [
                 web.post("/nixl/read_blocks", self._handle_read_blocks),
-                web.get("/lmcache/chunks", self._handle_lmcache_chunks),
             ]
         )
         runner = await app_runner(app)
@@ -79,12 +75,6 @@ class SideChannel:
         engine.wake()
         return json_response({"prompt_tokens": release.prompt_tokens, "engine_id": engine.config.engine_id})
 
-    async def _handle_lmcache_chunks(self, request: web.Request) -> web.Response:
-        engine = self.engine
-        return json_response(
-            {"engine_id": engine.config.engine_id, "chunks": [c.hex() for c in engine.core.cpu_chunks()]}
-        )
-
     # ----- reading end -----
 
     async def remote_read(self, read: RemoteRead) -> None:
@@ -121,19 +111,3 @@ class SideChannel:
         if failure is not None:
             engine.deliver(failure)
         engine.wake()
-
-    async def mirror_peers(self) -> None:
-        """Keep the p2p prefix index in step with peers' LMCache CPU tiers (as LMCache's controller does)."""
-        engine = self.engine
-        assert engine.prefix_index is not None
-        while True:
-            for peer in engine.config.p2p_peers:
-                try:
-                    async with engine.session.get(f"http://{peer}/lmcache/chunks") as response:
-                        body = await response.json()
-                    engine.prefix_index.replace_engine(
-                        body["engine_id"], [bytes.fromhex(h) for h in body["chunks"]]
-                    )
-                except (ClientError, TimeoutError, ValueError, KeyError) as exc:
-                    log.debug("p2p peer %s not reachable: %s", peer, exc)
-            await asyncio.sleep(engine.config.p2p_refresh_s)
