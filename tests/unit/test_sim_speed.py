@@ -74,19 +74,20 @@ def test_a_decode_run_is_the_steps_the_engine_would_schedule() -> None:
     run = batched.decode_run(now)
     assert run is not None
     assert run.request_ids == ("r0", "r1", "r2")
-    assert len(run.ends) == 40 - 1 - 1  # no step in which r0 finishes (its 40th token is a normal step)
-    ends = []
+    assert len(run.ends) == 40 - 1 and run.finishing  # up to the step that gives r0 its 40th token
+    ends, last = [], []
     for _ in run.ends:
         step = stepped.schedule(now)
         assert step is not None and step.decode_requests == 3 and step.prefill_tokens == 0
-        assert all(isinstance(e, TokenEvent) and not e.finish_reason for e in stepped.complete(step))
+        last = [e for e in stepped.complete(step) if isinstance(e, TokenEvent) and e.finish_reason]
         now = step.end
         ends.append(now)
     assert run.ends == ends
-    batched.commit_decode_run(run, len(run.ends))
+    assert batched.commit_decode_run(run, len(run.ends)) == last
+    assert [e.request_id for e in last] == ["r0"]
     assert dataclasses.asdict(batched.stats) == dataclasses.asdict(stepped.stats)
-    assert batched.kv_usage == stepped.kv_usage
-    assert batched.decode_run(now) is None  # r0 finishes in the next step
+    assert batched.kv_usage == stepped.kv_usage and batched.num_running == stepped.num_running == 2
+    assert batched.decode_run(now) is None  # r1 finishes in the next step: a one-step run is a plain step
 
 
 def test_a_cut_run_keeps_the_step_in_flight() -> None:
@@ -98,6 +99,7 @@ def test_a_cut_run_keeps_the_step_in_flight() -> None:
     run = core.decode_run(step.end)
     assert run is not None and len(run.ends) == 64
     middle = (run.ends[9] + run.ends[10]) / 2
+    assert not run.finishing  # 199 tokens to go, 64 steps at most
     assert run.cut(middle)
     assert len(run.ends) == 11  # steps 0..10, step 10 in flight at the cut
     assert not run.cut(run.ends[-1])

@@ -200,15 +200,17 @@ class ScheduledStep:
 @dataclass(eq=False)
 class DecodeRun:
     """Steps of a steady decode batch, timed at once (`EngineCore.decode_run`): the same running requests each
-    get one token per step, nobody finishes, nobody waits. Nothing changes in the engine until the driver
-    commits steps (`commit_decode_run`), in order; a driver that must add a request mid-run keeps only the
-    steps up to the one in flight (`cut`), exactly as the engine would have scheduled them one at a time."""
+    get one token per step, nobody waits, and only the last step may finish requests (`finishing`). Nothing
+    changes in the engine until the driver commits steps (`commit_decode_run`), in order; a driver that must
+    add a request mid-run keeps only the steps up to the one in flight (`cut`), exactly as the engine would
+    have scheduled them one at a time."""
 
     start: float
     ends: list[float]  # when each step ends (step i starts at ends[i - 1], step 0 at start)
     durations: list[float]
     request_ids: tuple[str, ...]  # the batch, in the engine's running order
     seqs: tuple[_Seq, ...] = field(repr=False)
+    finishing: bool = False  # the last step gives some request its last token
     committed: int = 0  # steps already applied to the engine
 
     def cut(self, now: float) -> bool:
@@ -219,6 +221,7 @@ class DecodeRun:
             return False
         del self.ends[keep:]
         del self.durations[keep:]
+        self.finishing = False
         return True
 
     @property
@@ -578,9 +581,10 @@ class EngineCore:
 
     def decode_run(self, now: float, max_steps: int = 64) -> DecodeRun | None:
         """The next steps at once when the engine is in a steady decode batch: nothing waiting, loading or
-        held, every running request decoding within the token budget, for as long as nobody finishes and the
-        KV blocks the batch grows into are there (free or evictable). None when `schedule` is needed (fewer
-        than two such steps). Each step's duration is `timing.step_time` of the batch at that step."""
+        held, every running request decoding within the token budget, up to the step in which the first of
+        them finishes, for as long as the KV blocks the batch grows into are there (free or evictable). None
+        when `schedule` is needed (fewer than two such steps). Each step's duration is `timing.step_time`
+        of the batch at that step."""
         running = self._running
         profile = self.profile
         if (
@@ -592,13 +596,14 @@ class EngineCore:
             or len(running) > profile.max_num_batched_tokens
         ):
             return None
-        steps = max_steps
+        left = max_steps + 1  # steps until the first finish
         context = 0
         for seq in running:
             if seq.num_computed != seq.total_tokens - 1 or seq.num_computed < seq.prompt_len:
                 return None
-            steps = min(steps, seq.request.output_tokens - seq.num_output - 1)
+            left = min(left, seq.request.output_tokens - seq.num_output)
             context += seq.num_computed
+        steps = min(left, max_steps)
         if steps < 2:
             return None
 
@@ -632,12 +637,14 @@ class EngineCore:
             durations.append(duration)
             ends.append(at)
             context += batch
-        return DecodeRun(now, ends, durations, tuple(s.request.request_id for s in running), tuple(running))
+        ids = tuple(s.request.request_id for s in running)
+        return DecodeRun(now, ends, durations, ids, tuple(running), finishing=steps == left)
 
-    def commit_decode_run(self, run: DecodeRun, steps: int) -> None:
-        """Apply the run's next `steps` steps (each running request computed one more token per step)."""
+    def commit_decode_run(self, run: DecodeRun, steps: int) -> list[TokenEvent]:
+        """Apply the run's next `steps` steps (each running request computed one more token per step); the
+        last tokens of the requests that finish in a finishing run's last step, as `complete` gives them."""
         if steps <= 0:
-            return
+            return []
         if run.committed + steps > len(run.ends):
             raise ValueError(f"the run has {len(run.ends) - run.committed} steps left, not {steps}")
         for seq in run.seqs:
@@ -655,6 +662,14 @@ class EngineCore:
         for duration in run.durations[run.committed : run.committed + steps]:
             stats.busy_seconds += duration
         run.committed += steps
+        if not run.finishing or run.committed < len(run.ends):
+            return []
+        end = run.ends[-1]
+        return [
+            self._finish(seq, end, seq.num_output - 1)
+            for seq in run.seqs
+            if seq.num_output == seq.request.output_tokens
+        ]
 
     def complete(self, step: ScheduledStep) -> list[Event]:
         now = step.end

@@ -831,8 +831,10 @@ class ClusterSim:
             for later_gap in later:
                 for _ in range(batch):
                     samples.add(later_gap)
-        replica.core.commit_decode_run(run, count)
+        finished = replica.core.commit_decode_run(run, count)
         self.steps_in_runs += count
+        for event in finished:
+            self._leg_finished(replica, event.request_id, replica.legs[event.request_id], event.time)
 
     def _token(self, replica: Replica, event: TokenEvent) -> None:
         now = self.now
@@ -871,12 +873,15 @@ class ClusterSim:
         record.last_token = now
         record.tokens_received += 1
         if event.finish_reason is not None:
-            replica.legs.pop(request_id)
-            replica.engine_arrival.pop(request_id)
-            replica.last_token.pop(request_id)
-            self.pods.pods[replica.name].outstanding -= 1
-            self.in_flight -= 1
-            self._finish(record, now)
+            self._leg_finished(replica, request_id, record, now)
+
+    def _leg_finished(self, replica: Replica, request_id: str, record: RequestRecord, now: float) -> None:
+        replica.legs.pop(request_id)
+        replica.engine_arrival.pop(request_id)
+        replica.last_token.pop(request_id)
+        self.pods.pods[replica.name].outstanding -= 1
+        self.in_flight -= 1
+        self._finish(record, now)
 
     def _failed(self, replica: Replica, failure: RequestFailed) -> None:
         record = replica.legs.pop(failure.request_id)
