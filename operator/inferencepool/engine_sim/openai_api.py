@@ -192,7 +192,9 @@ class OpenAIApi:
             )
 
     def _first_token_id(self, req: protocol.GenerationRequest) -> int:
-        ids = self.engine.config.tokenizer.encode(self.engine.config.tokenizer.output_piece(req.seed, 0))
+        ids = self.engine.config.tokenizer.encode(
+            self.engine.config.tokenizer.output_piece(req.seed, req.answered)
+        )
         return ids[0] if ids else 0
 
     async def _full_response(
@@ -205,7 +207,7 @@ class OpenAIApi:
                 return json_response(
                     protocol.error_body(500, "InternalServerError", event.message), 500, headers
                 ), True
-            pieces.append(self.engine.config.tokenizer.output_piece(req.seed, event.index))
+            pieces.append(self.engine.config.tokenizer.output_piece(req.seed, req.answered + event.index))
             if event.finish_reason is None:
                 continue
             kv_params = None
@@ -255,7 +257,7 @@ class OpenAIApi:
                     await write(encoder.done())
                     return response, True
                 tokens += 1
-                piece = self.engine.config.tokenizer.output_piece(req.seed, event.index)
+                piece = self.engine.config.tokenizer.output_piece(req.seed, req.answered + event.index)
                 if event.finish_reason is None:
                     await write(encoder.token_chunk(piece))
                     continue

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from inferencepool.engine_sim.core import DisaggSpec, RemotePrefill
-from inferencepool.engine_sim.tokenizer import Tokenizer, prompt_seed, render_chat
+from inferencepool.engine_sim.tokenizer import Tokenizer, continued_answer, render_chat
 
 Kind = Literal["completion", "chat"]
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest default
@@ -55,6 +55,7 @@ class GenerationRequest:
     seed: int
     disagg: DisaggSpec | None = None  # LMCache PD: push the prompt's KV to this decode engine
     ret_first_tok: bool = False  # LMCache PD: answer the first token's id in kv_transfer_params
+    answered: int = 0  # output pieces the prompt already holds (a continued answer goes on from there)
 
 
 def parse_json_body(raw: bytes) -> dict[str, Any]:
@@ -88,9 +89,7 @@ def parse_generation(
         prompt_ids = _completion_prompt_ids(body, tokenizer)
         max_tokens = _optional_int(body, "max_tokens")
     else:
-        prompt_ids = tokenizer.encode(
-            render_chat(_messages(body), bool(body.get("add_generation_prompt", True)))
-        )
+        prompt_ids = tokenizer.encode(_render(body))
         max_tokens = _optional_int(body, "max_completion_tokens")
         if max_tokens is None:
             max_tokens = _optional_int(body, "max_tokens")
@@ -107,7 +106,7 @@ def parse_generation(
             f"{prompt_len} input tokens. Please reduce the length of the input messages.",
             "input_tokens",
         )
-    seed = prompt_seed(prompt_ids)
+    seed, answered = continued_answer(tokenizer, prompt_ids)
     if max_tokens is not None:
         if max_tokens < 1:
             raise bad_request(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
@@ -124,8 +123,8 @@ def parse_generation(
         output_tokens = min(COMPLETION_DEFAULT_MAX_TOKENS, max_model_len - prompt_len)
         finish_reason = "length"
     else:
-        # A model stops on its own; the fake picks a deterministic natural length for this prompt.
-        output_tokens = min(32 + seed % 97, max_model_len - prompt_len)
+        # A model stops on its own; the fake picks a deterministic natural length for this answer.
+        output_tokens = min(max(1, 32 + seed % 97 - answered), max_model_len - prompt_len)
         finish_reason = "stop"
 
     stream = body.get("stream", False)
@@ -151,7 +150,27 @@ def parse_generation(
         seed=seed,
         disagg=disagg,
         ret_first_tok=ret_first_tok,
+        answered=answered,
     )
+
+
+def _render(body: dict[str, Any]) -> str:
+    """The chat prompt as the template renders it; `continue_final_message` leaves the last message open
+    (and, as vLLM and transformers' apply_chat_template, refuses a generation prompt beside it)."""
+    continue_final = body.get("continue_final_message", False)
+    add_generation_prompt = body.get("add_generation_prompt", True)
+    for key, value in (
+        ("continue_final_message", continue_final),
+        ("add_generation_prompt", add_generation_prompt),
+    ):
+        if not isinstance(value, bool):
+            raise ApiError(400, "Bad Request", f"{key} must be a boolean", key)
+    if continue_final and add_generation_prompt:
+        raise bad_request(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+            "continue_final_message",
+        )
+    return render_chat(_messages(body), add_generation_prompt, continue_final)
 
 
 def parse_kv_transfer_params(params: object) -> tuple[RemotePrefill | None, bool]:
@@ -296,7 +315,7 @@ def tokenize(
 ) -> dict[str, Any]:
     check_model(body, served_names)
     if "messages" in body:
-        ids = tokenizer.encode(render_chat(_messages(body), bool(body.get("add_generation_prompt", True))))
+        ids = tokenizer.encode(_render(body))
     elif isinstance(body.get("prompt"), str):
         ids = tokenizer.encode(body["prompt"])
     else:

@@ -9,7 +9,10 @@ Two tokenizers, chosen at start-up and reported in the log and in /version:
   ids in every process (prefix caching and the prefill/decode handshake rely on that).
 
 Output tokens are deterministic: a function of the request's prompt and the token's position, so two runs of
-the same request stream the same text.
+the same request stream the same text. A prompt that ends with the start of the model's own answer to what
+precedes it (a continued answer: a chat's open final assistant message, a completion prompt carrying its
+partial answer) is answered with the rest of that answer, as a real model continues a text (see
+`continued_answer`).
 """
 
 from __future__ import annotations
@@ -24,50 +27,48 @@ _PIECE = re.compile(r"<\|[a-z_]+\|>|\w+|[^\w\s]", re.UNICODE)
 _CHARS_PER_TOKEN = 4
 ESTIMATE_VOCAB = 128256  # Llama 3's vocabulary size, so ids look plausible
 
-# Words streamed as output; any fixed list works, this one reads like text in demos.
+# Words streamed as output, one token each (at most 4 characters, so the estimate counts a streamed answer
+# as the tokens it streamed, as a real tokenizer does); any fixed list works, this one reads like text.
 _OUTPUT_WORDS = [
     "the",
-    "engine",
-    "streams",
-    "tokens",
-    "while",
-    "the",
-    "router",
-    "balances",
-    "prefill",
-    "and",
-    "decode",
-    "across",
-    "the",
     "pool",
-    "and",
+    "runs",
     "each",
-    "pod",
-    "keeps",
+    "turn",
+    "on",
+    "one",
+    "of",
     "its",
-    "cache",
+    "pods",
+    "and",
+    "the",
+    "kv",
+    "of",
+    "a",
+    "long",
+    "chat",
+    "is",
+    "kept",
     "warm",
     "so",
     "that",
-    "shared",
-    "prefixes",
-    "are",
-    "computed",
-    "once",
-    "and",
-    "reused",
-    "by",
-    "later",
-    "requests",
-    "in",
     "the",
-    "same",
-    "conversation",
-    "with",
-    "steady",
-    "latency",
-    "under",
-    "load",
+    "next",
+    "turn",
+    "can",
+    "skip",
+    "most",
+    "of",
+    "its",
+    "work",
+    "and",
+    "the",
+    "user",
+    "gets",
+    "the",
+    "next",
+    "word",
+    "fast",
 ]
 
 
@@ -137,13 +138,64 @@ def prompt_seed(token_ids: list[int]) -> int:
     return zlib.crc32(",".join(map(str, token_ids[:64])).encode())
 
 
-def render_chat(messages: list[dict[str, object]], add_generation_prompt: bool = True) -> str:
-    """Llama 3's chat template, so chat prompts count the header tokens a real template adds."""
+_PIECE_IDS: dict[tuple[str, str], tuple[int, ...]] = {}
+_OUTPUT_IDS: dict[str, frozenset[int]] = {}
+
+
+def _piece_ids(tokenizer: Tokenizer, piece: str) -> tuple[int, ...]:
+    key = (tokenizer.name, piece)
+    ids = _PIECE_IDS.get(key)
+    if ids is None:
+        ids = _PIECE_IDS[key] = tuple(tokenizer.encode(piece))
+    return ids
+
+
+def _output_ids(tokenizer: Tokenizer) -> frozenset[int]:
+    """Every id an output piece starts with (a prompt ending in none of them continues no answer)."""
+    ids = _OUTPUT_IDS.get(tokenizer.name)
+    if ids is None:
+        pieces = (
+            _piece_ids(tokenizer, tokenizer.output_piece(seed, 0)) for seed in range(len(_OUTPUT_WORDS))
+        )
+        ids = _OUTPUT_IDS[tokenizer.name] = frozenset(piece[0] for piece in pieces if piece)
+    return ids
+
+
+def continued_answer(tokenizer: Tokenizer, ids: list[int]) -> tuple[int, int]:
+    """(seed, pieces) of the answer `ids` asks for: when they end with the first `pieces` output pieces of
+    the answer to the ids before them, that answer's seed and how far it got (the answer goes on from
+    there); else the prompt's own seed and 0. The longest such continuation wins."""
+    output = _output_ids(tokenizer)
+    tail = 0
+    while tail < len(ids) - 1 and ids[-1 - tail] in output:
+        tail += 1
+    for start in range(len(ids) - tail, len(ids)):
+        seed = prompt_seed(ids[:start])
+        at, pieces = start, 0
+        while at < len(ids):
+            piece = _piece_ids(tokenizer, tokenizer.output_piece(seed, pieces))
+            if not piece or tuple(ids[at : at + len(piece)]) != piece:
+                break
+            at += len(piece)
+            pieces += 1
+        if at == len(ids):
+            return seed, pieces
+    return prompt_seed(ids), 0
+
+
+def render_chat(
+    messages: list[dict[str, object]],
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> str:
+    """Llama 3's chat template, so chat prompts count the header tokens a real template adds. With
+    `continue_final_message` the last message stays open (no end-of-turn token), so the model continues it."""
     parts = ["<|begin_of_text|>"]
-    for message in messages:
+    for i, message in enumerate(messages):
         role = str(message.get("role", "user"))
+        end = "" if continue_final_message and i == len(messages) - 1 else "<|eot_id|>"
         parts.append(
-            f"<|start_header_id|>{role}<|end_header_id|>\n\n{_content_text(message.get('content'))}<|eot_id|>"
+            f"<|start_header_id|>{role}<|end_header_id|>\n\n{_content_text(message.get('content'))}{end}"
         )
     if add_generation_prompt:
         parts.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
