@@ -164,6 +164,22 @@ def test_route_costs_have_no_bypass_until_the_prefill_speed_is_known() -> None:
     )
 
 
+def test_a_slow_kv_transfer_counts_against_the_prefill_route() -> None:
+    pods = PodSet()
+    pods.apply([PodSpec("p", "http://p:1", "prefill"), PodSpec("d", "http://d:1", "decode")])
+    speed = PrefillSpeed()
+    speed.observe_leg(0.05, 5000)  # 10 us a prompt token
+    fast = route_costs(speed, 8000, pods.pods["p"], pods.pods["d"], 0.5)
+    assert choose_route_by_cost("LengthAware", fast, 4096, True, 8000)[1] is RouteReason.LONG
+    speed.observe_transfer(0.5, 8000)  # a slow link: 62.5 us a token to move
+    slow = route_costs(speed, 8000, pods.pods["p"], pods.pods["d"], 0.5)
+    assert slow.transfer_seconds == pytest.approx(0.5)
+    assert choose_route_by_cost("LengthAware", slow, 4096, True, 8000) == (
+        Route.DIRECT,
+        RouteReason.PREFILL_BUSY,
+    )
+
+
 @pytest.mark.parametrize(
     ("policy", "uncached", "prompt", "ready", "expected"),
     [

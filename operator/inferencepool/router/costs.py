@@ -1,18 +1,19 @@
-"""What a request would cost on each route, as the live router can estimate it (pure, no I/O; the inputs
-are the endpoint table's live figures).
+"""What a request would cost on each route, as the live router can estimate it (no I/O: the inputs
+are the endpoint table's live figures and the clock).
 
 Prefill speed is learned, not configured: seconds per prompt token of prefill legs that found their pod
 idle (nothing of the router's queued there, the engine reporting nothing waiting), a running mean. A pod's
 queue is the prefill work waiting on it: the tokens of legs the router sent there that have not produced
 their first token yet, or, when the engine reports more requests waiting than that, those requests at the
 mean prompt size (other router replicas' work). Until one idle prefill leg has been timed the router knows
-no speed, and routes on uncached tokens alone (no load-aware bypass). The KV transfer's own time is not
-estimated here (it is part of the prefill legs' measured time only where the engine waits for it).
+no speed, and routes on uncached tokens alone (no load-aware bypass). The KV transfer is timed the same
+way: from the decode leg's start to its first token, on decode pods that had no queue (the engine loads the
+KV, then runs one step), per transferred token (the prompt less what the decode pod holds).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
 from dataclasses import dataclass
 
 from inferencepool.router.pods import Pod
@@ -24,9 +25,11 @@ _WEIGHT = 0.2  # a new sample's weight in the running means once a few were seen
 @dataclass(slots=True)
 class PrefillSpeed:
     seconds_per_token: float | None = None
+    transfer_seconds_per_token: float = 0.0
     mean_prompt_tokens: float = 0.0
     samples: int = 0
     prompts: int = 0
+    transfers: int = 0
 
     def observe_prompt(self, tokens: int) -> None:
         self.prompts += 1
@@ -44,6 +47,15 @@ class PrefillSpeed:
         else:
             weight = max(_WEIGHT, 1.0 / self.samples)
             self.seconds_per_token += (rate - self.seconds_per_token) * weight
+
+    def observe_transfer(self, seconds: float, tokens: int) -> None:
+        """A decode leg that loads `tokens` tokens' KV from a prefill pod had its first token after
+        `seconds`."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        self.transfers += 1
+        weight = max(_WEIGHT, 1.0 / self.transfers)
+        self.transfer_seconds_per_token += (seconds / tokens - self.transfer_seconds_per_token) * weight
 
     def queue_tokens(self, pod: Pod) -> float:
         waiting = pod.engine_waiting * self.mean_prompt_tokens
@@ -65,10 +77,21 @@ def route_costs(
         prefill_seconds=rate * uncached_tokens,
         prefill_queue_seconds=rate * speed.queue_tokens(prefill_pod) if prefill_pod is not None else 0.0,
         decode_queue_seconds=rate * speed.queue_tokens(decode_pod) if decode_pod is not None else 0.0,
-        transfer_seconds=0.0,
+        transfer_seconds=speed.transfer_seconds_per_token * uncached_tokens,
         ttft_target_seconds=ttft_target_seconds,
     )
 
 
-def idle(pods: Sequence[Pod]) -> bool:
-    return all(pod.queued_tokens == 0 and pod.engine_waiting == 0 for pod in pods)
+class TransferClock:
+    """Times one disaggregated request's decode leg to its first token (`first_token`, called by the
+    relay)."""
+
+    __slots__ = ("speed", "started", "tokens")
+
+    def __init__(self, speed: PrefillSpeed, tokens: int) -> None:
+        self.speed = speed
+        self.tokens = tokens
+        self.started = time.monotonic()
+
+    def first_token(self) -> None:
+        self.speed.observe_transfer(time.monotonic() - self.started, self.tokens)

@@ -15,7 +15,7 @@ import orjson
 from inferencepool.router.adaptive import AdaptiveThreshold
 from inferencepool.router.calibration import Calibrator
 from inferencepool.router.config import RouterConfig
-from inferencepool.router.costs import PrefillSpeed, route_costs
+from inferencepool.router.costs import PrefillSpeed, TransferClock, route_costs
 from inferencepool.router.errors import UpstreamError
 from inferencepool.router.http1 import Reply, Request
 from inferencepool.router.legs import Legs
@@ -124,8 +124,11 @@ class Orchestrator:
             if handoff is not None and handoff.pod is not None:
                 decode_pod = handoff.pod
         job = _Job(request, reply, prompt.stream, headers, started, None, tokens)
-        if route is not Route.DISAGGREGATED and decode_pod is not None:
-            job.queued = Queued(decode_pod, uncached)  # released at the first token (relay.py)
+        if decode_pod is not None:
+            if route is not Route.DISAGGREGATED:
+                job.queued = Queued(decode_pod, uncached)  # released at the first token (relay.py)
+            elif decode_pod.queued_tokens == 0 and decode_pod.engine_waiting == 0:
+                job.transfer = TransferClock(speed, uncached)  # its first token times the KV transfer
         if prompt.stream and self.config.resume_streams:
             job.resumable = Resumable(endpoint, body, request.path, headers)
         if route is Route.DISAGGREGATED:
@@ -165,7 +168,10 @@ class Orchestrator:
                 self.config.timeouts.first_byte_seconds,
                 pod,
             ) as leg:
-                leg.queued = job.queued
+                if job.queued is not None:
+                    leg.first_token = job.queued.release
+                elif job.transfer is not None:
+                    leg.first_token = job.transfer.first_token
                 await self.relay.send(
                     job.reply, leg, route, job.stream, job.started, retriable, job.resumable
                 )
@@ -200,3 +206,4 @@ class _Job:
     resumable: Resumable | None
     tokens: int = 0  # prompt tokens as counted, for the per-route token counter the autoscaler reads
     queued: Queued | None = None  # a direct prompt's prefill work on its decode pod, until its first token
+    transfer: TransferClock | None = None  # a disaggregated one's decode leg, on a pod that had no queue

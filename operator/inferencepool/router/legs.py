@@ -8,19 +8,20 @@ pool when the body was read to its end, else is closed (so the engine aborts the
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from inferencepool.router.errors import UpstreamError
 from inferencepool.router.http1 import Headers, Upstream, UpstreamFailure, UpstreamResponse
 from inferencepool.router.metrics import RouterMetrics
-from inferencepool.router.pods import EngineRole, Pod, PodSet, Queued, in_flight
+from inferencepool.router.pods import EngineRole, Pod, PodSet, in_flight
 
 
 @dataclass(slots=True)
 class Leg:
     pod: Pod
     response: UpstreamResponse
-    queued: Queued | None = None  # the prefill work it carries, released at its first token (relay.py)
+    first_token: Callable[[], None] | None = None  # called once, at its first token (relay.py)
 
 
 class Legs:

@@ -164,8 +164,8 @@ class Relay:
                     sample(gap)
             elif continued is None:
                 ttft_metric.observe(now - started)
-                if leg.queued is not None:
-                    leg.queued.release()  # the pod has prefilled it: no longer queued work
+                if leg.first_token is not None:
+                    leg.first_token()  # the pod has prefilled it (or loaded its KV): the router learns
                 if ttft_sample is not None:
                     ttft_sample(now - started)
             previous = now
