@@ -104,6 +104,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="--max-num-batched-tokens of decode pods (and of colocated-tuned, default 512 there)",
     )
     pool.add_argument(
+        "--lmcache-cpu-gib",
+        type=float,
+        default=0.0,
+        help="LMCache on every engine: a CPU tier of this many GiB per replica, loaded over the host link "
+        "(prefixes evicted from the GPU cache). Default: 0 (no LMCache)",
+    )
+    pool.add_argument(
+        "--p2p",
+        action="store_true",
+        help="with --lmcache-cpu-gib: LMCache p2p, a prefix any engine's CPU tier holds is fetched over the "
+        "KV link instead of recomputed",
+    )
+    pool.add_argument(
         "--kv-link-gbps",
         type=float,
         default=None,
@@ -239,6 +252,8 @@ def run(args: argparse.Namespace) -> int:
             planner_prefill_min=args.planner_prefill_min,
             planner_peak_seconds=args.planner_peak_seconds,
             gpu_budget=args.gpu_budget,
+            lmcache_cpu_gib=args.lmcache_cpu_gib,
+            lmcache_p2p=args.p2p,
         )
         tuned_colocated = Budget(**{**vars(budget), "decode_chunk_tokens": args.decode_chunk or 512})
         scenarios = build_scenarios(budget, slo, names)

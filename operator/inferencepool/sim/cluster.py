@@ -30,7 +30,7 @@ import math
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from inferencepool.api.v1alpha1 import POOL_ROLES, Autoscaling, PoolRole, RoutingPolicy
 from inferencepool.autoscaler.capacity import CapacityModel, from_profile
@@ -49,13 +49,14 @@ from inferencepool.engine_sim.core import (
     DecodeRun,
     EngineCore,
     EngineRequest,
+    LmcacheSettings,
     RemotePrefill,
     RemoteRead,
     RequestFailed,
     ScheduledStep,
     TokenEvent,
 )
-from inferencepool.engine_sim.kv import CHUNK_TOKENS, chunk_hashes
+from inferencepool.engine_sim.kv import CHUNK_TOKENS, SharedPrefixIndex, chunk_hashes
 from inferencepool.engine_sim.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from inferencepool.engine_sim.profiles import EngineProfile
 from inferencepool.router.config import AdaptiveThresholdConfig, PrefixAffinityConfig
@@ -146,8 +147,17 @@ class Scenario:
     cost_aware: bool = False
     longest_prefix: bool = False
     cost_ttft_target_seconds: float | None = None  # the load-aware bypass's target (None: no bypass)
+    # LMCache on every engine (the pool's kvCache): a CPU tier of this many GiB per replica (LMCache's
+    # max_local_cpu_size times the TP ranks; 0: no LMCache), hits loaded over the host link; with p2p, a chunk
+    # any peer's CPU tier holds is fetched over the KV link instead of recomputed
+    lmcache_cpu_gib: float = 0.0
+    lmcache_p2p: bool = False
 
     def __post_init__(self) -> None:
+        if self.lmcache_cpu_gib < 0:
+            raise ValueError(f"scenario {self.name}: the LMCache CPU tier must be >= 0 GiB")
+        if self.lmcache_p2p and self.lmcache_cpu_gib <= 0:
+            raise ValueError(f"scenario {self.name}: LMCache p2p shares the CPU tier, which needs > 0 GiB")
         for chunk in (self.prefill_chunk_tokens, self.decode_chunk_tokens):
             if chunk is not None and chunk < 1:
                 raise ValueError(f"scenario {self.name}: a prefill chunk must be >= 1 token, got {chunk}")
@@ -339,6 +349,24 @@ class ClusterSim:
         }
         # per GPU; a replica's link carries this times its tensor-parallel ranks
         self.kv_link_bytes_per_s = kv_link_bytes_per_s or profile.hardware.kv_link_bytes_per_s
+        if self.kv_link_bytes_per_s != profile.hardware.kv_link_bytes_per_s:  # LMCache p2p reads over it too
+            self.profiles = {
+                role: replace(
+                    tuned, hardware=replace(tuned.hardware, kv_link_bytes_per_s=self.kv_link_bytes_per_s)
+                )
+                for role, tuned in self.profiles.items()
+            }
+        self._lmcache = (
+            LmcacheSettings(
+                cpu_capacity_chunks=int(
+                    scenario.lmcache_cpu_gib * 1024**3 / (CHUNK_TOKENS * profile.model.kv_bytes_per_token)
+                ),
+                p2p=scenario.lmcache_p2p,
+            )
+            if scenario.lmcache_cpu_gib > 0
+            else None
+        )
+        self._peers = SharedPrefixIndex() if scenario.lmcache_p2p else None  # LMCache's controller
         self.network = Network(latency_s=profile.kv_transfer_latency_s)
         self._reads: dict[str, tuple[Replica, RemoteRead]] = {}
         self._transfer_wake: float | None = None
@@ -362,7 +390,11 @@ class ClusterSim:
         )
         self._pending: dict[str, float] = {}
         self._pending_by_leg: dict[str, tuple[str, float]] = {}
-        self._prefixes = PrefixIndex(max(1, profile.kv_capacity_tokens // MOONCAKE_BLOCK_TOKENS))
+        # a pod holds what its GPU cache holds, and with LMCache what its CPU tier holds
+        cpu_tokens = self._lmcache.cpu_capacity_chunks * CHUNK_TOKENS if self._lmcache else 0
+        self._prefixes = PrefixIndex(
+            max(1, (profile.kv_capacity_tokens + cpu_tokens) // MOONCAKE_BLOCK_TOKENS)
+        )
         self.route_reasons: dict[str, int] = {}
         self._rotation = 0
 
@@ -558,6 +590,25 @@ class ClusterSim:
         assert model is not None
         now = self.now
         keys = chained_keys(request.block_ids)
+        prompt = record.prompt_tokens
+        # with LMCache p2p a prefix any pod holds is fetched over the KV link (the controller's lookup)
+        anywhere = (
+            max((self._prefixes.cached_blocks(r.name, keys) for r in self._members("decode")), default=0)
+            if self._peers is not None
+            else 0
+        )
+
+        def cost(pod: Pod) -> tuple[int, float]:
+            """Tokens the pod would compute for this prompt, and its seconds on them and on the fetch."""
+            local = self._prefixes.cached_blocks(pod.name, keys)
+            fetched = max(0, anywhere - local) * MOONCAKE_BLOCK_TOKENS
+            cached = min(local * MOONCAKE_BLOCK_TOKENS + fetched, prompt - 1)
+            fetched = min(fetched, cached)
+            seconds = model.idle_prefill_seconds(prompt - cached) + timing.kv_transfer_time(
+                self.profile, fetched, self.kv_link_bytes_per_s
+            )
+            return prompt - cached, seconds
+
         if self.scenario.longest_prefix:
             candidates = self.pods.available("decode", now)
             total = sum(p.outstanding for p in candidates)
@@ -571,13 +622,7 @@ class ClusterSim:
             # prompt's uncached part on it (a shared system prompt saves little, a long shared prefix much);
             # rotate among exact ties, as PodSet.pick does
             def start_after(pod: Pod) -> float:
-                cached = min(
-                    self._prefixes.cached_blocks(pod.name, keys) * MOONCAKE_BLOCK_TOKENS,
-                    record.prompt_tokens - 1,
-                )
-                return self._pending.get(pod.name, 0.0) + model.idle_prefill_seconds(
-                    record.prompt_tokens - cached
-                )
+                return self._pending.get(pod.name, 0.0) + cost(pod)[1]
 
             self._rotation += 1
             scored = [(round(start_after(p), 6), p.outstanding, p) for p in under]
@@ -586,17 +631,15 @@ class ClusterSim:
             chosen = tied[self._rotation % len(tied)]
         else:
             chosen = self._pick("decode", affinity)
-        cached = min(
-            self._prefixes.cached_blocks(chosen.name, keys) * MOONCAKE_BLOCK_TOKENS, record.prompt_tokens - 1
-        )
-        uncached = record.prompt_tokens - cached
+        uncached, prefill_seconds = cost(chosen)
         prefill_pods = self.pods.available("prefill", now)
         costs = RouteCosts(
             uncached_tokens=uncached,
-            prefill_seconds=model.idle_prefill_seconds(uncached),
+            prefill_seconds=prefill_seconds,
             prefill_queue_seconds=min((self._pending.get(p.name, 0.0) for p in prefill_pods), default=0.0),
             decode_queue_seconds=self._pending.get(chosen.name, 0.0),
-            transfer_seconds=timing.nixl_transfer_time(self.profile, record.prompt_tokens),
+            # the prompt's KV from the prefill pod to the decode pod, over this pool's link
+            transfer_seconds=timing.kv_transfer_time(self.profile, prompt, self.kv_link_bytes_per_s),
             ttft_target_seconds=self.scenario.cost_ttft_target_seconds,
         )
         route, reason = choose_route_by_cost(
@@ -903,7 +946,9 @@ class ClusterSim:
     def _add_replica(self, role: EngineRole, ready_at: float) -> Replica:
         disaggregated = self.scenario.policy != "Colocated"
         name = f"{role}-{next(self._ordinals[role])}"
-        core = EngineCore(self.profiles[role], name, nixl=disaggregated)
+        core = EngineCore(
+            self.profiles[role], name, nixl=disaggregated, lmcache=self._lmcache, prefix_index=self._peers
+        )
         link = self.kv_link_bytes_per_s * self.profile.tensor_parallel
         self.network.add_link(f"send:{name}", link)
         self.network.add_link(f"recv:{name}", link)
@@ -924,8 +969,15 @@ class ClusterSim:
     def _maybe_remove(self, replica: Replica) -> None:
         if replica.terminating and replica.removed_at is None and replica.drained():
             replica.removed_at = self.now
+            self._gone(replica)
             self._sync_pods()
             self._record_replicas()
+
+    def _gone(self, replica: Replica) -> None:
+        """A removed engine's LMCache deregisters: peers stop finding its chunks."""
+        if self._peers is not None:
+            for key in replica.core.cpu_chunks():
+                self._peers.remove(replica.name, key)
 
     def _members(self, role: PoolRole) -> list[Replica]:
         return [r for r in self.replicas if r.role == role and r.removed_at is None and not r.terminating]
@@ -952,6 +1004,7 @@ class ClusterSim:
                 replica.terminating = True
                 if not replica.ready(self.now):
                     replica.removed_at = self.now  # still loading the model: nothing to drain
+                    self._gone(replica)
                 self._maybe_remove(replica)
         self._sync_pods()
         self._record_replicas()
@@ -1077,6 +1130,7 @@ class ClusterSim:
                 replica.terminating = True
                 if not replica.ready(self.now):
                     replica.removed_at = self.now  # still loading the model: nothing to drain
+                    self._gone(replica)
                 self._maybe_remove(replica)
         self._sync_pods()
         self._record_replicas()

@@ -60,6 +60,8 @@ class Budget:
     planner_prefill_min: int = 0  # the planner may take the prefill pool to zero
     planner_peak_seconds: float = 300.0
     gpu_budget: int | None = None
+    lmcache_cpu_gib: float = 0.0  # LMCache on every engine of every scenario: CPU tier per replica
+    lmcache_p2p: bool = False  # ... sharing prefixes between engines
 
     def __post_init__(self) -> None:
         if self.replicas < 2:
@@ -160,7 +162,13 @@ def build_scenarios(budget: Budget, slo: Slo, names: Sequence[str] = SCENARIO_NA
             )
         ),
     }
-    return [every[name] for name in names]
+    return [with_lmcache(budget, every[name]) for name in names]
+
+
+def with_lmcache(budget: Budget, scenario: Scenario) -> Scenario:
+    if budget.lmcache_cpu_gib <= 0 and not budget.lmcache_p2p:
+        return scenario
+    return replace(scenario, lmcache_cpu_gib=budget.lmcache_cpu_gib, lmcache_p2p=budget.lmcache_p2p)
 
 
 def static_layout(budget: Budget, name: str = "static") -> Callable[[int, int], Scenario]:
@@ -169,17 +177,27 @@ def static_layout(budget: Budget, name: str = "static") -> Callable[[int, int], 
 
     def layout(prefill: int, decode: int) -> Scenario:
         if prefill == 0:
-            return Scenario(
-                f"{name} {decode}co", "Colocated", 0, decode, decode_chunk_tokens=budget.decode_chunk_tokens
+            return with_lmcache(
+                budget,
+                Scenario(
+                    f"{name} {decode}co",
+                    "Colocated",
+                    0,
+                    decode,
+                    decode_chunk_tokens=budget.decode_chunk_tokens,
+                ),
             )
-        return Scenario(
-            f"{name} {prefill}P+{decode}D",
-            "LengthAware",
-            prefill,
-            decode,
-            budget.threshold_tokens,
-            prefill_chunk_tokens=budget.prefill_chunk_tokens,
-            decode_chunk_tokens=budget.decode_chunk_tokens,
+        return with_lmcache(
+            budget,
+            Scenario(
+                f"{name} {prefill}P+{decode}D",
+                "LengthAware",
+                prefill,
+                decode,
+                budget.threshold_tokens,
+                prefill_chunk_tokens=budget.prefill_chunk_tokens,
+                decode_chunk_tokens=budget.decode_chunk_tokens,
+            ),
         )
 
     return layout
