@@ -14,9 +14,11 @@ from tests.http.router_harness import MODEL, config_for, metric_sum, running_rou
 from tests.support.engines import engine_process as fake_engine_process
 from tests.support.engines import running_engine
 
+from inferencepool.bench.resume import read_stream, request_for
+
 STREAMS = 12
 MAX_TOKENS = 30
-TIME_SCALE = 25  # the model's time runs slower, so a 30-token answer takes a second or two
+TIME_SCALE = 5  # the model's time runs slower: ~0.1 s a token, so a 30-token answer takes ~3 s
 
 
 def engine_process() -> contextlib.AbstractAsyncContextManager[tuple[asyncio.subprocess.Process, str]]:
@@ -100,3 +102,50 @@ async def test_streams_of_a_killed_decode_engine_are_resumed_on_another(resume_s
                 )
             else:
                 assert resumed == 0 and broken >= 1 and whole == STREAMS - broken, outcomes
+
+
+async def test_a_resumed_stream_is_the_answer_an_unkilled_engine_gives() -> None:
+    """Chat and completions, with and without a token limit (a chat then stops on its own, a completion gets
+    vLLM's default 16) and with usage asked for or not: each stream the kill interrupts reads, event for
+    event, as the same request's answer from an engine nobody killed (the fake engine is deterministic)."""
+    requests = [request_for(i, MAX_TOKENS) for i in range(STREAMS)]
+    async with (
+        engine_process() as (doomed, doomed_url),
+        running_engine("cpu-demo", MODEL, time_scale=TIME_SCALE) as survivor,
+        running_engine("cpu-demo", MODEL, time_scale=TIME_SCALE) as witness,
+        aiohttp.ClientSession() as http,
+    ):
+        references = await asyncio.gather(
+            *(
+                read_stream(http, witness.url + path, {**body, "model": MODEL}, "chat" in path)
+                for path, body in requests
+            )
+        )
+        config = config_for([], [], policy="Colocated")
+        config = config.model_copy(
+            update={"static": config.static.model_copy(update={"decode": [doomed_url, survivor.url]})}  # type: ignore[union-attr]
+        )
+        async with running_router(config) as router:
+            progressed = [asyncio.Event() for _ in requests]
+            streams = [
+                asyncio.create_task(
+                    read_stream(
+                        http, router.url + path, {**body, "model": MODEL}, "chat" in path, progressed[i], 2
+                    )
+                )
+                for i, (path, body) in enumerate(requests)
+            ]
+            await asyncio.wait_for(asyncio.gather(*(p.wait() for p in progressed)), 30)
+            doomed.send_signal(signal.SIGKILL)
+            answers = await asyncio.wait_for(asyncio.gather(*streams), 60)
+            resumed = await metric_sum(router.url, "inferencepool_router_streams_resumed", outcome="resumed")
+    assert resumed >= 1  # the kill interrupted streams (the router spreads them over both engines)
+    for (path, body), got, expected in zip(requests, answers, references, strict=True):
+        where = f"{path} {body}"
+        assert expected.done and expected.error is None and len(expected.finish_reasons) == 1, where
+        assert got.error is None and got.done, (where, got)
+        assert got.text == expected.text, where  # no token twice, none missing
+        assert len(got.ids) == 1, (where, got.ids)  # one answer's id throughout
+        assert got.finish_reasons == expected.finish_reasons, where  # one end, the same reason
+        assert got.usages == expected.usages, where  # usage (when asked for) counts the whole answer once
+        assert got.roles == expected.roles, where  # a chat opens once

@@ -13,6 +13,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "engine": ("inferencepool.bench.engine", "concurrent streams one fake engine sustains on this machine"),
     "router": ("inferencepool.bench.router", "router overhead vs direct and vs vllm-router, on fake engines"),
     "operator": ("inferencepool.bench.operator", "apply-to-children latency; 100 pools: total time, memory"),
+    "resume": (
+        "inferencepool.bench.resume",
+        "streams whole, resumed and broken when a decode engine is killed",
+    ),
 }
 
 
