@@ -405,3 +405,27 @@ def test_an_open_ratio_bound_and_a_budget_over_pinned_roles() -> None:
     plan = p.Planner(pinned, MODEL).decide(observe(15, 3.0, prefill=2, decode=2, generated_per_s=30000))
     assert (plan.prefill.replicas, plan.decode.replicas) == (2, 3)
     assert plan.decode.reason == p.BUDGET_LIMITED and plan.decode.wanted > 3
+
+
+def test_the_itl_percentile_above_its_mean_corrects_a_decode_replica_s_room() -> None:
+    """5,000 tokens/s: a 0.5 busy share, a mean ITL of 20 ms (10 / (1 - 0.5)) as modelled, but a p90 of 40
+    ms (steps with prefill chunks). The spread moves toward 2 and a replica's room to 1 - 10 x 2 / 50 = 0.6,
+    so 7,000 tokens/s (0.7) need two replicas where the mean-step model fits them in one (0.8 of room).
+    Lightly loaded, the spread is not learnt."""
+
+    def after(pairs: tuple[float, float, float], load: float) -> p.Plan:
+        planner = p.Planner(settings(trend_seconds=1.0, peak_seconds=0.0), MODEL)
+        generated, mean, p90 = pairs
+        for i in range(12):
+            planner.decide(
+                observe(INTERVAL * (i + 1), 0.0, decode=1, generated_per_s=generated, mean_itl=mean, itl=p90)
+            )
+        return planner.decide(observe(INTERVAL * 13, 0.0, decode=1, generated_per_s=load))
+
+    spread = after((5000, 0.02, 0.04), 7000).decode
+    assert spread.capacity_per_replica == pytest.approx(0.6, abs=0.01)
+    assert spread.replicas == 2 and "ITL spread 1.9" in spread.message
+    no_tail = after((5000, 0.02, 0.02), 7000).decode
+    assert no_tail.capacity_per_replica == pytest.approx(0.8) and no_tail.replicas == 1
+    light = after((1000, 0.0125, 0.025), 7000).decode  # a 0.1 share: too light to learn from
+    assert light.capacity_per_replica == pytest.approx(0.8) and "spread" not in light.message

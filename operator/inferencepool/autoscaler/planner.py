@@ -30,10 +30,12 @@ Capacity of one replica at the target:
   (so a step, t0 / (1 - share), stays under the target), and under the TTFT cap of the direct prompts.
 
 Corrections: kappa = observed / predicted utilisation (prefill: the engines' busy share; decode: 1 - t0 /
-observed mean ITL), smoothed and clamped, multiplies the demand; the latency factor phi grows while the
-pool's own percentile (prefill: TTFT; decode: ITL and the TTFT of direct prompts) is over target with every
-replica ready, and relaxes back to 1 when it is under. Over target with every replica ready and no more
-planned, one replica is added (a guard against model error).
+observed mean ITL), smoothed and clamped, multiplies the demand; decode's spread (the observed percentile
+ITL over the mean ITL, learnt while the pool is loaded) shrinks a replica's room, 1 - t0 x spread / target,
+since steps that carry a prefill chunk put the percentile above the mean step the model sizes; the
+latency factor phi grows while the pool's own percentile (prefill: TTFT; decode: ITL and the TTFT of
+direct prompts) is over target with every replica ready, and relaxes back to 1 when it is under. Over
+target with every replica ready and no more planned, one replica is added (a guard against model error).
 
 Decision: replicas = ceil(demand / capacity) per role; scale up at once (replicas still loading count, since
 the number is a target), scale down one replica per decision when the forecast allows, not within
@@ -107,6 +109,8 @@ class PlannerSettings:
     warmup_seconds: float = 300.0  # no scale-down this long after the first decision (no burst history yet)
     scale_down_margin: float = 0.1  # scale down only if the pool would still fit this much more demand
     itl_fill: float = 1.0  # size decode for this share of the ITL target (< 1: room for the TPOT spread)
+    spread_min_load: float = 0.3  # learn the ITL spread only above this predicted busy share per replica
+    spread_max: float = 3.0
     trend_seconds: float = 300.0
     min_trend_samples: int = 4  # no trend read from fewer samples (a line through 2 or 3 extrapolates noise)
     peak_seconds: float = 120.0
@@ -204,6 +208,7 @@ class Plan:
 @dataclass
 class _RoleState:
     forecasters: dict[str, Forecaster] = field(default_factory=dict)
+    spread: float = 1.0  # decode: observed percentile ITL / mean ITL (the tail the mean-step model misses)
     correction: float = 1.0
     latency_factor: float = 1.0
     last_scale_up: float | None = None
@@ -273,6 +278,19 @@ class Planner:
         ratio = min(high, max(low, observed / predicted))
         weight = self.settings.correction_weight
         state.correction = (1 - weight) * state.correction + weight * ratio
+
+    def _learn_spread(self, signals: PoolSignals, predicted_u: float) -> None:
+        """Decode's capacity correction from the observed latency: a step of the continuous batch that
+        carries a prefill chunk is long, so the target percentile of ITL sits above its mean (the mean-step
+        model's figure). The spread, percentile / mean, learnt while the pool is loaded enough for it to
+        mean something (`spread_min_load`), divides the room a replica has under the target."""
+        s = self.settings
+        observed, mean = signals.observed_seconds, signals.mean_itl_seconds
+        if observed is None or mean is None or mean <= 0 or predicted_u < s.spread_min_load:
+            return
+        state = self._state["decode"]
+        ratio = min(s.spread_max, max(1.0, observed / mean))
+        state.spread = (1 - s.correction_weight) * state.spread + s.correction_weight * ratio
 
     def _feedback(self, role: str, ratio: float | None, all_ready: bool) -> bool:
         """Update phi from observed / target; True when the pool is over target with every replica up."""
@@ -369,7 +387,9 @@ class Planner:
         d_ratio = max(ratios) if ratios else None
         d_over = self._feedback("decode", d_ratio, decode_ready >= obs.decode.replicas > 0)
         mean_direct = obs.direct.prompt_tokens / obs.direct.prompts if obs.direct.prompts else 256.0
-        itl_cap = 1 - t0 / (s.itl_fill * s.itl_target_seconds)
+        self._learn_spread(obs.decode, predicted_u if decode_ready > 0 else 0.0)
+        # the mean step must leave the percentile (spread x the mean) under the target
+        itl_cap = 1 - t0 * d_state.spread / (s.itl_fill * s.itl_target_seconds)
         d_cap = max(
             0.05,
             min(
@@ -498,6 +518,7 @@ class Planner:
                 s.itl_target_seconds,
                 "ITL",
             )
+            + (f", ITL spread {d_state.spread:.2f}" if d_state.spread > 1.005 else "")
             + (f", KV needs {kv_replicas}" if kv_replicas > 1 else ""),
             d_work,
             d_forecast,
