@@ -7,8 +7,11 @@ import pytest
 
 from inferencepool.engine_sim import timing
 from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.sim import workload
 from inferencepool.sim.cluster import Scenario, simulate
 from inferencepool.sim.network import Network
+from inferencepool.sim.report import Slo
+from inferencepool.sim.search import attainment
 from inferencepool.sim.workload import TraceRequest
 
 H100 = get_profile("llama-3.1-8b-h100")
@@ -96,3 +99,16 @@ def test_small_decode_chunks_protect_the_decodes_beside_a_long_prompt() -> None:
     assert ttft[512] > ttft[8192]  # the price: the long prompt itself prefills in more, smaller steps
     with pytest.raises(ValueError, match="prefill chunk must be >= 1"):
         Scenario("co", "Colocated", 0, 1, decode_chunk_tokens=0)
+
+
+def test_disaggregation_pays_on_a_fast_link_and_stops_paying_on_a_slow_one() -> None:
+    """Azure conversations at 11x their rate, ITL 25 ms: 2 prefill + 2 decode pods beat 4 colocated ones on a
+    40 GB/s link; at 1 GB/s every prompt's KV waits on the link and the P/D pool loses to colocated."""
+    trace = workload.shape(workload.load("azure-conv"), duration=300, rate=11)
+    slo = Slo(0.8, 0.025)
+    colocated = attainment(simulate(Scenario("co", "Colocated", 0, 4), H100, trace), slo)
+    pd = Scenario("pd", "AlwaysDisaggregate", 2, 2)
+    fast = attainment(simulate(pd, H100, trace), slo)
+    slow = attainment(simulate(pd, H100, trace, kv_link_bytes_per_s=1 * GB), slo)
+    assert fast > colocated + 0.05
+    assert slow < colocated - 0.5
