@@ -28,6 +28,7 @@ import yaml
 
 from inferencepool.api import labels
 from inferencepool.api.pods import http_url, is_ready
+from inferencepool.demo_p2p import run_p2p_step
 
 DEFAULT_POOL_FILE = Path("examples/demo-cpu.yaml")
 
@@ -316,6 +317,7 @@ def run(args: argparse.Namespace) -> int:
         show_autoscaler(
             kubectl, namespace, pool_name, base_url, model, list(prompts.values()), args.timeout, kubeconfig
         )
+        run_p2p_step(kubectl, namespace, pool_name, model, args.timeout)
         return 0
     finally:
         if args.keep:
