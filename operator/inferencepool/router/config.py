@@ -99,9 +99,10 @@ class PrefixAffinityConfig(_Model):
         Field(
             ge=1,
             le=1_000_000,
-            description="block keys the router remembers per pod, least recently sent first out",
+            description="block keys the router remembers per pod, least recently sent first out (about "
+            "170 bytes each)",
         ),
-    ] = 32768
+    ] = 8192
     load_factor_percent: Annotated[
         int,
         Field(

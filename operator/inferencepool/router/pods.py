@@ -34,7 +34,7 @@ COOLDOWN_MAX_SECONDS = 30.0
 # An engine this full of KV with requests waiting preempts or queues whatever it gets next: it takes new
 # requests only when no other pod can.
 KV_FULL = 0.95
-DEFAULT_INDEX_BLOCKS = 32768
+DEFAULT_INDEX_BLOCKS = 8192  # 2M tokens at 256 a block: more than an 80 GB engine holds
 
 
 @dataclass(frozen=True, slots=True)
