@@ -416,11 +416,11 @@ def test_the_itl_percentile_above_its_mean_corrects_a_decode_replica_s_room() ->
     def after(pairs: tuple[float, float, float], load: float) -> p.Plan:
         planner = p.Planner(settings(trend_seconds=1.0, peak_seconds=0.0), MODEL)
         generated, mean, p90 = pairs
-        for i in range(12):
+        for i in range(25):
             planner.decide(
                 observe(INTERVAL * (i + 1), 0.0, decode=1, generated_per_s=generated, mean_itl=mean, itl=p90)
             )
-        return planner.decide(observe(INTERVAL * 13, 0.0, decode=1, generated_per_s=load))
+        return planner.decide(observe(INTERVAL * 26, 0.0, decode=1, generated_per_s=load))
 
     spread = after((5000, 0.02, 0.04), 7000).decode
     assert spread.capacity_per_replica == pytest.approx(0.6, abs=0.01)

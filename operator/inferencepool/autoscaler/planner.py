@@ -111,9 +111,10 @@ class PlannerSettings:
     itl_fill: float = 1.0  # size decode for this share of the ITL target (< 1: room for the TPOT spread)
     spread_min_load: float = 0.3  # learn the ITL spread only above this predicted busy share per replica
     spread_max: float = 3.0
+    spread_weight: float = 0.15  # smoothing of the spread (a 60 s percentile over a 15 s mean is noisy)
     trend_seconds: float = 300.0
     min_trend_samples: int = 4  # no trend read from fewer samples (a line through 2 or 3 extrapolates noise)
-    peak_seconds: float = 120.0
+    peak_seconds: float = 60.0  # hold the highest of the last samples (noise; bursts are held apart)
     burst_window_seconds: float = 2.0  # what the router's burst_work_seconds counts over
     burst_memory_seconds: float = 1800.0
     burst_quantile: float = 0.99
@@ -290,7 +291,7 @@ class Planner:
             return
         state = self._state["decode"]
         ratio = min(s.spread_max, max(1.0, observed / mean))
-        state.spread = (1 - s.correction_weight) * state.spread + s.correction_weight * ratio
+        state.spread = (1 - s.spread_weight) * state.spread + s.spread_weight * ratio
 
     def _feedback(self, role: str, ratio: float | None, all_ready: bool) -> bool:
         """Update phi from observed / target; True when the pool is over target with every replica up."""

@@ -150,8 +150,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     scaling.add_argument(
         "--planner-peak-seconds",
         type=float,
-        default=300.0,
-        help="planner: hold the highest load of this many seconds. Default: 300",
+        default=None,
+        help="planner: hold the highest load of this many seconds. Default: the planner's (60)",
     )
     scaling.add_argument("--gpu-budget", type=int, default=None, help="planner: GPUs across both pools")
 

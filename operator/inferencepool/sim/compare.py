@@ -58,7 +58,7 @@ class Budget:
     decode_chunk_tokens: int | None = None  # ... and of colocated-tuned
     planner_headroom: float = 1.1
     planner_prefill_min: int = 0  # the planner may take the prefill pool to zero
-    planner_peak_seconds: float = 300.0
+    planner_peak_seconds: float | None = None  # None: the planner's own default
     gpu_budget: int | None = None
     lmcache_cpu_gib: float = 0.0  # LMCache on every engine of every scenario: CPU tier per replica
     lmcache_p2p: bool = False  # ... sharing prefixes between engines
@@ -123,8 +123,12 @@ def build_scenarios(budget: Budget, slo: Slo, names: Sequence[str] = SCENARIO_NA
             model_load_seconds=budget.model_load_seconds,
             interval_seconds=budget.interval_seconds,
             headroom=budget.planner_headroom,
-            peak_seconds=budget.planner_peak_seconds,
             gpu_budget=budget.gpu_budget,
+            # as the operator maps a spec (autoscaler.planning): the stabilization is the evidence a
+            # scale-down waits for, after a scale-up and at start
+            scale_down_delay_seconds=budget.scale_down_stabilization_seconds,
+            warmup_seconds=budget.scale_down_stabilization_seconds,
+            **({} if budget.planner_peak_seconds is None else {"peak_seconds": budget.planner_peak_seconds}),
         ),
         window_seconds=budget.window_seconds,
         percentile=budget.percentile,
