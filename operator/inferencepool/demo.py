@@ -3,9 +3,12 @@
 Starts the local control plane (built from Go modules on first use), installs the CRD, runs the operator,
 applies examples/demo-cpu.yaml (fake engines with an H100 timing profile), waits until the pool is Ready, then
 sends a short and a long prompt through the pool's router and shows which route each took, its TTFT, and
-`kubectl get pdpool`; then loads the pool until the operator reports each pool's latency and the bottleneck,
-and ends with `inferencepool diagnose` on that traffic (the evidence, and the simulator's what-if).
-Everything it started is stopped at the end unless --keep.
+`kubectl get pdpool`; then a load step (demo_step): long prompts from one client, then from eight, and the SLA
+planner scaling the prefill pool as it happens (its decision and figures, the new pods Ready, TTFT against the
+target), plotted into out/demo/load-step.png; then loads the pool until the operator reports each pool's
+latency and the bottleneck, and ends with `inferencepool diagnose` on that traffic (the evidence, and the
+simulator's what-if). Everything it started is stopped at the end unless --keep, which also starts a
+Prometheus scraping the pool and the operator (demo_prometheus) when one is installed.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import argparse
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +34,10 @@ import yaml
 from inferencepool.api import labels
 from inferencepool.api.pods import http_url, is_ready
 from inferencepool.demo_p2p import run_p2p_step
+from inferencepool.demo_step import run_load_step
 
 DEFAULT_POOL_FILE = Path("examples/demo-cpu.yaml")
+DEFAULT_OUT = Path("out/demo")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +47,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--timeout", type=float, default=300.0, help="seconds to wait for the pool to be Ready"
     )
     parser.add_argument(
-        "--keep", action="store_true", help="leave the cluster, operator and pool running at the end"
+        "--keep",
+        action="store_true",
+        help="leave the cluster, operator and pool running at the end, with a Prometheus scraping them",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="folder for the load step's plot and samples"
     )
 
 
@@ -116,16 +128,22 @@ def show_autoscaler(
     prompts: list[str],
     timeout: float,
     kubeconfig: Path,
+    settle_seconds: float = 0.0,
 ) -> None:
     """Keep both pools busy until the autoscaler has read each one's latency from the engines' histograms and
-    the operator has diagnosed the bottleneck, then run `inferencepool diagnose` on the same traffic."""
+    the operator has diagnosed the bottleneck, then run `inferencepool diagnose` on the same traffic. The
+    readings count only `settle_seconds` after the load began (the window of earlier traffic to pass)."""
     say("load from 6 clients until the operator reports each pool's latency, routing split and bottleneck")
     stop = threading.Event()
+    began = time.monotonic()
 
     def client(index: int) -> None:
         while not stop.is_set():
+            # A distinct first word: the router sends a prompt whose prefix a decode pod holds straight
+            # there, so repeating the long prompt would soon route it all direct.
+            prompt = f"{uuid.uuid4().hex} {prompts[index % len(prompts)]}"
             with contextlib.suppress(OSError):
-                stream_chat(base_url, model, prompts[index % len(prompts)], max_tokens=48)
+                stream_chat(base_url, model, prompt, max_tokens=48)
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(6)]
     for thread in threads:
@@ -137,7 +155,8 @@ def show_autoscaler(
     def all_read(status: dict[str, Any]) -> bool:
         pools_read = all("observedMilliseconds" in (status.get(role) or {}) for role in ("prefill", "decode"))
         diagnosed = (status.get("bottleneck") or {}).get("phase", "Unknown") != "Unknown"
-        return pools_read and diagnosed and "disaggregatedPercent" in (status.get("router") or {})
+        settled = time.monotonic() - began >= settle_seconds
+        return settled and pools_read and diagnosed and "disaggregatedPercent" in (status.get("router") or {})
 
     try:
         wait_for(
@@ -270,9 +289,13 @@ def run(args: argparse.Namespace) -> int:
 
     say("starting the operator")
     operator_log = (state_dir / "demo-operator.log").open("w")
+    # Watching only the pool's namespace keeps the demo from touching pools another operator owns.
+    operator_command = [sys.executable, "-m", "inferencepool", "operator", "--namespace", namespace]
+    metrics_port = free_port() if args.keep else None
+    if metrics_port is not None:
+        operator_command += ["--metrics-port", str(metrics_port)]
     operator = subprocess.Popen(
-        # Watching only the pool's namespace keeps the demo from touching pools another operator owns.
-        [sys.executable, "-m", "inferencepool", "operator", "--namespace", namespace],
+        operator_command,
         env={**os.environ, "KUBECONFIG": str(kubeconfig)},
         stdout=operator_log,
         stderr=subprocess.STDOUT,
@@ -301,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"sending requests through the router at {base_url} (prefill threshold {threshold} tokens)")
         prompts = {
             "short prompt": "Explain in one sentence why decode is memory-bound.",
-            "long prompt": " ".join(f"Paragraph {i} of a long design document." for i in range(1200)),
+            "long prompt": " ".join(f"Paragraph {i} of a long design document." for i in range(600)),
         }
         for label, prompt in prompts.items():
             before = router_routes(base_url)
@@ -314,13 +337,25 @@ def run(args: argparse.Namespace) -> int:
                 f"{result.chunks} chunks in {result.total_s * 1000:7.1f} ms"
             )
         say("the long prompt took prefill -> KV transfer -> decode; the short one went straight to decode")
+        plot = run_load_step(kubectl, namespace, pool_name, base_url, model, args.out.absolute(), say=say)
         show_autoscaler(
-            kubectl, namespace, pool_name, base_url, model, list(prompts.values()), args.timeout, kubeconfig
+            kubectl,
+            namespace,
+            pool_name,
+            base_url,
+            model,
+            list(prompts.values()),
+            args.timeout,
+            kubeconfig,
+            settle_seconds=max_window_seconds(pool_doc),
         )
         run_p2p_step(kubectl, namespace, pool_name, model, args.timeout)
+        say(f"the load step's plot (TTFT and ITL against their targets, replicas over time): {plot}")
         return 0
     finally:
         if args.keep:
+            if metrics_port is not None:
+                start_prometheus(kubectl, kubeconfig, namespace, state_dir, metrics_port)
             say(f"left running (--keep); stop with: inferencepool cluster down --state-dir {state_dir}")
         else:
             say("cleaning up")
@@ -329,6 +364,70 @@ def run(args: argparse.Namespace) -> int:
             if not was_running:
                 controlplane.down(state_dir)
         operator_log.close()
+
+
+def max_window_seconds(pool_doc: dict[str, Any]) -> float:
+    """The longest autoscaling window of the pool's roles (how long old traffic stays in its readings)."""
+    windows = [
+        float(((pool_doc["spec"].get(role) or {}).get("autoscaling") or {}).get("windowSeconds", 60))
+        for role in ("prefill", "decode")
+    ]
+    return max(windows)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_prometheus(
+    kubectl: Kubectl, kubeconfig: Path, namespace: str, state_dir: Path, metrics_port: int
+) -> subprocess.Popen[bytes] | None:
+    """--keep: a Prometheus (Debian's package) scraping the namespace's pods and the operator, in a process of
+    its own that outlives the demo (returned); skipped, with the reason, when none is installed or it does not
+    start (None)."""
+    from inferencepool import demo_prometheus
+    from inferencepool.observability import localprom, metrics
+
+    try:
+        localprom.prometheus_binary()
+    except FileNotFoundError as error:
+        say(f"no Prometheus for the kept pool: {error}")
+        return None
+    workdir = state_dir / "demo-prometheus"
+    workdir.mkdir(parents=True, exist_ok=True)
+    with (workdir / "log").open("w") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "inferencepool.demo_prometheus",
+                "--kubectl",
+                kubectl.binary,
+                "--kubeconfig",
+                str(kubeconfig),
+                "--namespace",
+                namespace,
+                "--workdir",
+                str(workdir),
+                "--operator",
+                f"127.0.0.1:{metrics_port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # not stopped by the terminal's Ctrl-C to the demo
+        )
+    try:
+        url = demo_prometheus.wait_for_url(workdir, process, timeout=60)
+    except RuntimeError as error:
+        say(f"no Prometheus for the kept pool: {error}")
+        stop_process(process, grace_seconds=10)
+        return None
+    say(f"Prometheus scraping the pool and the operator: {url} (pid {process.pid})")
+    print(f"    stop it with: kill {process.pid}", flush=True)
+    print(f"    e.g. {url}/graph?g0.expr={metrics.RECOMMENDED_REPLICAS}", flush=True)
+    return process
 
 
 def stop_process(process: subprocess.Popen[bytes], grace_seconds: float) -> None:
