@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
+# The whole product on this machine (~3 minutes once the control plane is built); the load step's plot goes to
+# out/demo/load-step.png. `make demo DEMO_ARGS=--keep` leaves it running, with a Prometheus scraping the pool.
+DEMO_ARGS ?=
 demo: $(STAMP)
-	$(BIN)/inferencepool demo
+	$(BIN)/inferencepool demo $(DEMO_ARGS)
 
 # Debian packages the tests run for real: a Prometheus server and promtool (dashboards, alerts), Lua (the Argo CD
 # health check: 5.1 as Argo CD embeds, and 5.4). Installed when missing, as root or through sudo.

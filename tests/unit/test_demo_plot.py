@@ -101,3 +101,19 @@ def test_the_plot_is_a_png_and_the_series_are_written_beside_it(tmp_path: Path) 
     ]
     with pytest.raises(ValueError, match="nothing to plot"):
         demo_plot.plot({}, tmp_path / "none.png", "nothing")
+
+
+def test_the_clients_ttft_is_a_percentile_per_bucket_of_start_times() -> None:
+    assert demo_plot.percentile([], 0.9) is None
+    assert demo_plot.percentile([3.0, 1.0, 2.0], 0.5) == 2.0
+    assert demo_plot.percentile([float(i) for i in range(1, 11)], 0.9) == 9.0  # nearest rank
+    samples = [(0.5, 0.2), (3.0, 0.4), (9.9, 0.3), (25.0, 2.0), (29.0, 1.0)]
+    seen = demo_plot.client_series(samples, 10.0, q=90)
+    assert seen.seconds == (10.0, 20.0, 30.0)
+    assert seen.ttft_ms == (pytest.approx(400.0), None, pytest.approx(2000.0))  # an empty bucket: no figure
+    assert seen.counts == (3, 0, 2)
+    # up to the recording's end, even past the last answer
+    assert demo_plot.client_series(samples, 10.0, end=41.0).counts == (3, 0, 2, 0, 0)
+    assert demo_plot.client_series([], 10.0).counts == (0,)
+    with pytest.raises(ValueError, match="bucket_seconds"):
+        demo_plot.client_series(samples, 0)
