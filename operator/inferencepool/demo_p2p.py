@@ -86,7 +86,8 @@ def run_p2p_step(kubectl: Kubectl, namespace: str, pool_name: str, model: str, t
     pool = kubectl.json("get", "pdpool", pool_name, "-n", namespace)
     if not p2p_enabled(pool):
         say(
-            "turning LMCache p2p on (kvCache.p2p.enabled): the operator adds the LMCache controller and rolls"
+            "turning LMCache p2p on (kvCache.p2p.enabled): the operator adds the LMCache controller "
+            "and rolls the engines onto it"
         )
         patch = {"spec": {"kvCache": {"p2p": {"enabled": True}}}}
         kubectl("patch", "pdpool", pool_name, "-n", namespace, "--type", "merge", "-p", json.dumps(patch))
