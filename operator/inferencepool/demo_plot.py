@@ -203,7 +203,7 @@ def plot(
         axis.step(role.seconds, observed, where="post", color="tab:blue", label=f"observed {label}")
         if clients is not None and role.role == "prefill":
             axis.plot(
-                [t - clients.bucket_seconds / 2 for t in clients.seconds],
+                list(clients.seconds),  # at each bucket's end: what was seen by then
                 [float("nan") if v is None else v for v in clients.ttft_ms],
                 marker=".",
                 color="grey",

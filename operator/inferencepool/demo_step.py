@@ -30,6 +30,7 @@ from inferencepool.api.pods import is_ready
 MODEL_LOAD_SECONDS = 10
 SAMPLE_SECONDS = 2.0
 CLIENT_SECONDS = 10.0  # the clients' own TTFT percentile is shown over this long
+PLOT_BUCKET_SECONDS = 5.0  # ... and plotted per bucket of this many seconds of request starts
 
 
 class Kubectl(Protocol):
@@ -383,7 +384,7 @@ def run_load_step(
         clients.stop()
     out_dir.mkdir(parents=True, exist_ok=True)
     series = demo_plot.build_series(samples)
-    seen = demo_plot.client_series(clients.ttft_samples(), CLIENT_SECONDS, end=watch.t())
+    seen = demo_plot.client_series(clients.ttft_samples(), PLOT_BUCKET_SECONDS, end=watch.t())
     demo_plot.write_json(out_dir / "load-step.json", series, marks, seen)
     path = demo_plot.plot(
         series,
