@@ -129,3 +129,38 @@ async def test_without_a_controller_an_engine_serves_and_computes_locally() -> N
             await complete(http, engine, SHARED + " question")
             assert await metric(http, engine.url, "lmcache:num_hit_tokens_total") == 0
             assert await metric(http, engine.url, "vllm:generation_tokens_total") == 2
+
+
+async def test_a_nixl_decode_leg_is_looked_up_but_not_fetched_from_a_peer() -> None:
+    """vLLM's MultiConnector asks LMCache too, but NixlConnector (first, with the whole prompt) loads the
+    request: the controller sees the lookup, the peer sends nothing."""
+    unreachable_prefill = {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_engine_id": "gone",
+        "remote_request_id": "cmpl-x",
+        "remote_block_ids": [[1, 2]],
+        "remote_host": "127.0.0.1",
+        "remote_port": 9,  # discard port: nothing listens
+        "tp_size": 1,
+    }
+    async with (
+        running_lmcache_controller() as controller,
+        running_engine(
+            "cpu-demo", MODEL, time_scale=0.05, lmcache=SETTINGS, p2p=p2p_config(controller, "a")
+        ) as a,
+        running_engine(
+            "cpu-demo", MODEL, time_scale=0.05, nixl=True, lmcache=SETTINGS, p2p=p2p_config(controller, "b")
+        ) as b,
+        aiohttp.ClientSession() as http,
+    ):
+        await complete(http, a, SHARED + " first question")
+        await eventually(lambda: keys_held(controller, "a") == 11)
+        lookups = controller.state.p2p_lookups
+        body = {"model": MODEL, "prompt": SHARED + " second question", "max_tokens": 2}
+        body["kv_transfer_params"] = unreachable_prefill
+        async with http.post(f"{b.url}/v1/completions", json=body) as response:
+            assert response.status == 500  # the NIXL read fails: nothing listens there
+        assert controller.state.p2p_lookups == lookups + 1
+        assert await metric(http, a.url, "fake_engine:lmcache_p2p_served_tokens_total") == 0
+        assert await metric(http, b.url, "fake_engine:lmcache_p2p_hit_tokens_total") == 0

@@ -19,7 +19,8 @@ As LMCache 0.5.6 does (docs/engine-contract.md, "LMCache p2p"), each rank:
 A request's lookup (p2p_backend.py batched_async_contains) asks the controller for the chunks beyond the
 leading run this engine's own CPU tier holds (BatchedP2PLookupMsg -> one peer and its hit count), then asks
 that peer for them (BatchedLookupAndGetMsg); the chunks the peer confirms are what the core loads from it,
-at the modelled transfer cost. The lookup runs before the request enters the engine (LMCache's lookup runs
+at the modelled transfer cost. A NIXL decode leg is only looked up: NIXL loads it (server.py
+before_admission). The lookup runs before the request enters the engine (LMCache's lookup runs
 while vLLM schedules it, the transfer when it loads: the cost is charged at admission either way). Lookups
 and transfers go through rank 0 only; the other ranks register and report like it (each rank's shard moves
 in parallel in LMCache, which the transfer time already models).
@@ -340,9 +341,9 @@ class P2PWorker:
 
     # ----- a request's lookup (the fetching side) -----
 
-    async def lookup(self, prompt_token_ids: Sequence[int]) -> None:
+    async def lookup(self, prompt_token_ids: Sequence[int], fetch: bool = True) -> None:
         """Find the prompt's chunks beyond this engine's CPU tier at a peer; what the peer confirms, the core
-        loads from it."""
+        loads from it. Without `fetch` (another connector loads this request) only the controller is asked."""
         core = self.engine.core
         chunk = core.pool.chunk_tokens
         if core.cpu_store is None or core.lmcache is None or not core.lmcache.load:
@@ -367,6 +368,8 @@ class P2PWorker:
             if tag != "BatchedP2PLookupRetMsg":
                 raise wire.WireError(f"the controller answered {tag} {answer}")
             holder, _location, hits, peer_init_url = answer["layout_info"][0]
+            if not fetch:
+                return
             confirmed = await self._fetch(lookup_id, str(peer_init_url), wanted[: int(hits)]) if hits else 0
         except (TimeoutError, zmq.ZMQError, wire.WireError, ValueError, KeyError, IndexError) as exc:
             log.warning("LMCache p2p lookup failed, computing the prompt locally: %s", exc)

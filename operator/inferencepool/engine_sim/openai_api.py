@@ -153,7 +153,7 @@ class OpenAIApi:
         self.engine.streams[request_id] = stream
         finished = False
         try:
-            await self.engine.before_admission(req.prompt_token_ids)
+            await self.engine.before_admission(req)
             self.engine.core.add_request(
                 EngineRequest(
                     request_id=request_id,

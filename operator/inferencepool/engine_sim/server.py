@@ -29,6 +29,7 @@ from inferencepool.engine_sim.lmcache_p2p import ControllerIndex, P2PWorker
 from inferencepool.engine_sim.lmcache_pd import PdReceiver, PdSender
 from inferencepool.engine_sim.metrics import EngineMetrics
 from inferencepool.engine_sim.openai_api import OpenAIApi, Stream
+from inferencepool.engine_sim.protocol import GenerationRequest
 from inferencepool.engine_sim.side_channel import SideChannel
 
 __all__ = ["EngineConfig", "FakeEngine", "PdConfig"]
@@ -162,10 +163,13 @@ class FakeEngine:
         if self.p2p is not None:
             await self.p2p.close()
 
-    async def before_admission(self, prompt_token_ids: list[int]) -> None:
-        """What LMCache does before vLLM can schedule a prompt: with p2p, find its prefix at a peer."""
+    async def before_admission(self, request: GenerationRequest) -> None:
+        """What LMCache does before vLLM can schedule a prompt: with p2p, find its prefix at a peer. A NIXL
+        decode leg is looked up too (vLLM's MultiConnector asks every connector) but fetched by NIXL (the
+        first connector with hits loads it: kv_connector/v1/multi_connector.py get_num_new_matched_tokens),
+        so no peer sends it anything."""
         if self.p2p is not None:
-            await self.p2p.lookup(prompt_token_ids)
+            await self.p2p.lookup(request.prompt_token_ids, fetch=request.remote_prefill is None)
 
     def spawn(self, coro: Awaitable[Any]) -> None:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
