@@ -25,7 +25,9 @@ def stalling_trace() -> list[TraceRequest]:
 
 def thresholds(monkeypatch: pytest.MonkeyPatch, stall_percentile: int) -> list[int]:
     monkeypatch.setattr(threshold, "STALL_PERCENTILE", stall_percentile)
-    [scenario] = build_scenarios(Budget(replicas=3, prefill_replicas=1), Slo(2.0, 0.025), ["adaptive"])
+    # decode pods on vLLM's default chunk (8192): the ITL-sized chunk of the tuned default would not stall
+    budget = Budget(replicas=3, prefill_replicas=1, decode_chunk_tokens=H100.max_num_batched_tokens)
+    [scenario] = build_scenarios(budget, Slo(2.0, 0.025), ["adaptive"])
     result = simulate(scenario, H100, stalling_trace())
     return [value for _, value in result.thresholds]
 

@@ -108,10 +108,14 @@ def build_scenarios(budget: Budget, slo: Slo, names: Sequence[str] = SCENARIO_NA
     threshold = budget.threshold_tokens
 
     def tuned(scenario: Scenario) -> Scenario:
+        """Engines tuned per role: prefill pods as given (the profile's chunk by default), decode pods, which
+        also prefill the prompts that go direct, with the chunk that fits the ITL target (`chunk_for_itl`)
+        unless one is given."""
         return replace(
             scenario,
             prefill_chunk_tokens=budget.prefill_chunk_tokens,
             decode_chunk_tokens=budget.decode_chunk_tokens,
+            chunk_itl_seconds=slo.itl_seconds,
         )
 
     planner = PlannerScaling(
@@ -136,7 +140,12 @@ def build_scenarios(budget: Budget, slo: Slo, names: Sequence[str] = SCENARIO_NA
     every = {
         "colocated": Scenario("colocated", "Colocated", 0, budget.replicas),
         "colocated-tuned": Scenario(
-            "colocated-tuned", "Colocated", 0, budget.replicas, decode_chunk_tokens=budget.decode_chunk_tokens
+            "colocated-tuned",
+            "Colocated",
+            0,
+            budget.replicas,
+            decode_chunk_tokens=budget.decode_chunk_tokens,
+            chunk_itl_seconds=slo.itl_seconds,
         ),
         "static-pd": tuned(Scenario("static-pd", "AlwaysDisaggregate", prefill, decode)),
         "length-aware": tuned(Scenario("length-aware", "LengthAware", prefill, decode, threshold)),
@@ -151,6 +160,7 @@ def build_scenarios(budget: Budget, slo: Slo, names: Sequence[str] = SCENARIO_NA
             0,
             budget.replicas,
             decode_chunk_tokens=budget.decode_chunk_tokens,
+            chunk_itl_seconds=slo.itl_seconds,
             longest_prefix=True,
         ),
         "cost-aware": tuned(
@@ -163,6 +173,7 @@ def build_scenarios(budget: Budget, slo: Slo, names: Sequence[str] = SCENARIO_NA
                 cost_aware=True,
                 longest_prefix=True,
                 cost_ttft_target_seconds=slo.ttft_seconds,
+                threshold_from_chunk=True,
             )
         ),
     }
