@@ -137,26 +137,34 @@ def test_route_costs_have_no_bypass_until_the_prefill_speed_is_known() -> None:
     prefill, decode = pods.pods["p"], pods.pods["d"]
     prefill.queued_tokens = 100_000
     speed = PrefillSpeed()
-    costs = route_costs(speed, 8000, prefill, decode, 1.0)
+    costs = route_costs(speed, 8000, prefill, decode, 1.0, 0.05)
     assert costs.ttft_target_seconds is None and costs.prefill_queue_seconds == 0
     assert choose_route_by_cost("LengthAware", costs, 4096, True, 8000) == (
         Route.DISAGGREGATED,
         RouteReason.LONG,
     )
     speed.observe_leg(0.08, 8000)  # 10 us a token
-    costs = route_costs(speed, 8000, prefill, decode, 1.0)
+    costs = route_costs(speed, 8000, prefill, decode, 1.0, 0.05)
     assert costs.prefill_queue_seconds == pytest.approx(1.0)
     assert choose_route_by_cost("LengthAware", costs, 4096, True, 8000) == (
         Route.DIRECT,
         RouteReason.PREFILL_BUSY,
     )
+    decode.engine_running = 3  # decodes running there: an 80 ms prefill would stall them past 50 ms
+    costs = route_costs(speed, 8000, prefill, decode, 1.0, 0.05)
+    assert not costs.decode_has_room
+    assert choose_route_by_cost("LengthAware", costs, 4096, True, 8000)[1] is RouteReason.LONG
+    short = route_costs(speed, 4100, prefill, decode, 1.0, 0.05)  # a 41 ms prefill stalls them less
+    assert short.decode_has_room
+    assert choose_route_by_cost("LengthAware", short, 4096, True, 4100)[1] is RouteReason.PREFILL_BUSY
+    decode.engine_running = 0
     decode.queued_tokens = 100_000  # both pools queue: the length decides
-    costs = route_costs(speed, 8000, prefill, decode, 1.0)
+    costs = route_costs(speed, 8000, prefill, decode, 1.0, 0.05)
     assert choose_route_by_cost("LengthAware", costs, 4096, True, 8000)[1] is RouteReason.LONG
     prefill.queued_tokens, decode.queued_tokens = 0, 0
     decode.engine_waiting = 40  # another replica's queue, seen by the engine, at the mean prompt size
     speed.observe_prompt(3000)
-    costs = route_costs(speed, 3000, prefill, decode, 1.0)
+    costs = route_costs(speed, 3000, prefill, decode, 1.0, 0.05)
     assert costs.decode_queue_seconds == pytest.approx(40 * 3000 * 1e-5)
     assert choose_route_by_cost("LengthAware", costs, 4096, True, 3000) == (
         Route.DISAGGREGATED,
@@ -169,10 +177,10 @@ def test_a_slow_kv_transfer_counts_against_the_prefill_route() -> None:
     pods.apply([PodSpec("p", "http://p:1", "prefill"), PodSpec("d", "http://d:1", "decode")])
     speed = PrefillSpeed()
     speed.observe_leg(0.05, 5000)  # 10 us a prompt token
-    fast = route_costs(speed, 8000, pods.pods["p"], pods.pods["d"], 0.5)
+    fast = route_costs(speed, 8000, pods.pods["p"], pods.pods["d"], 0.5, 0.05)
     assert choose_route_by_cost("LengthAware", fast, 4096, True, 8000)[1] is RouteReason.LONG
     speed.observe_transfer(0.5, 8000)  # a slow link: 62.5 us a token to move
-    slow = route_costs(speed, 8000, pods.pods["p"], pods.pods["d"], 0.5)
+    slow = route_costs(speed, 8000, pods.pods["p"], pods.pods["d"], 0.5, 0.05)
     assert slow.transfer_seconds == pytest.approx(0.5)
     assert choose_route_by_cost("LengthAware", slow, 4096, True, 8000) == (
         Route.DIRECT,
@@ -195,7 +203,7 @@ def test_a_slow_kv_transfer_counts_against_the_prefill_route() -> None:
 def test_routes_and_reasons_without_load(
     policy: str, uncached: int, prompt: int, ready: bool, expected: tuple[Route, RouteReason]
 ) -> None:
-    costs = route_costs(PrefillSpeed(), uncached, None, None, 1.0)
+    costs = route_costs(PrefillSpeed(), uncached, None, None, 1.0, 0.05)
     assert choose_route_by_cost(policy, costs, 4096, ready, prompt) == expected  # type: ignore[arg-type]
 
 

@@ -68,17 +68,23 @@ def route_costs(
     prefill_pod: Pod | None,
     decode_pod: Pod | None,
     ttft_target_seconds: float,
+    itl_target_seconds: float,
 ) -> RouteCosts:
+    """A decode pod has room for a bypassed prompt when it runs nothing (no decode to stall) or when the
+    prompt's prefill is shorter than the ITL target: a long prefill on a busy decode pod would stall every
+    stream it serves by as much."""
     rate = speed.seconds_per_token
     if rate is None:
         return RouteCosts(uncached_tokens, 0.0, 0.0, 0.0, 0.0, None)
+    prefill_seconds = rate * uncached_tokens
     return RouteCosts(
         uncached_tokens=uncached_tokens,
-        prefill_seconds=rate * uncached_tokens,
+        prefill_seconds=prefill_seconds,
         prefill_queue_seconds=rate * speed.queue_tokens(prefill_pod) if prefill_pod is not None else 0.0,
         decode_queue_seconds=rate * speed.queue_tokens(decode_pod) if decode_pod is not None else 0.0,
         transfer_seconds=speed.transfer_seconds_per_token * uncached_tokens,
         ttft_target_seconds=ttft_target_seconds,
+        decode_has_room=decode_pod is None or decode_pod.load == 0 or prefill_seconds <= itl_target_seconds,
     )
 
 

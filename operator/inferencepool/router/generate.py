@@ -55,6 +55,7 @@ class Orchestrator:
         tuning = config.prefix_affinity
         self._block_tokens = tuning.block_tokens if tuning.enabled else 0
         self._ttft_target = config.adaptive_threshold.ttft_target_milliseconds / 1000
+        self._itl_target = config.adaptive_threshold.itl_target_milliseconds / 1000
         self.speed = PrefillSpeed()
 
     async def generate(self, request: Request, reply: Reply, endpoint: Endpoint) -> None:
@@ -87,7 +88,7 @@ class Orchestrator:
             if prefill_blocks:
                 prefill_tokens = tokens - min(prefill_blocks * block_tokens, tokens - 1)
         speed = self.speed
-        costs = route_costs(speed, uncached, prefill_pod, decode_pod, self._ttft_target)
+        costs = route_costs(speed, uncached, prefill_pod, decode_pod, self._ttft_target, self._itl_target)
         route, reason = choose_route_by_cost(policy, costs, self.threshold.threshold, prefill_ready, tokens)
         self.metrics.decisions_by_reason[reason].inc()
         speed.observe_prompt(uncached)

@@ -59,6 +59,9 @@ class RouteCosts:
     decode_queue_seconds: float  # prefill work already waiting on the chosen decode pod
     transfer_seconds: float  # moving the prompt's KV from a prefill pod to the decode pod
     ttft_target_seconds: float | None = None  # None: no load-aware bypass
+    # whether the decode pod can prefill this prompt without stalling the decodes it runs past their ITL
+    # target (nothing running there, or a prefill shorter than the target); False: no bypass onto it
+    decode_has_room: bool = True
 
 
 def choose_route_by_cost(
@@ -72,11 +75,12 @@ def choose_route_by_cost(
 
     A prompt goes through the prefill pool when its uncached tokens reach the threshold, unless the prefill
     pool is so busy that its TTFT estimate (queue + prefill + transfer) misses the target while prefilling on
-    the decode pod (its queue + prefill) would not; and a shorter prompt goes through the prefill pool when
-    the decode pod's queue would make it miss the target and the prefill pool would not, or when the
-    prefill pool has nothing queued and the decode pod has (prefill chunks on a decode pod stall its running
-    decodes; an idle prefill pod does the work for the price of a transfer). Both only for prompts of at
-    least a quarter of the threshold: a transfer never pays for a handful of tokens.
+    the decode pod (its queue + prefill) would not and the decode pod has room for it (`decode_has_room`);
+    and a shorter prompt goes through the prefill pool when the decode pod's queue would make it miss the
+    target and the prefill pool would not, or when the prefill pool has nothing queued and the decode pod
+    has (prefill chunks on a decode pod stall its running decodes; an idle prefill pod does the work for the
+    price of a transfer). Both only for prompts of at least a quarter of the threshold: a transfer never
+    pays for a handful of tokens.
     """
     if policy == "Colocated":
         return Route.DIRECT, RouteReason.POLICY
@@ -96,6 +100,6 @@ def choose_route_by_cost(
         return Route.DIRECT, RouteReason.CACHED if prompt_tokens >= threshold_tokens else RouteReason.SHORT
     if not prefill_ready:
         return Route.FALLBACK, RouteReason.NO_PREFILL_POD
-    if target is not None and disaggregated > target >= direct:
+    if target is not None and disaggregated > target >= direct and costs.decode_has_room:
         return Route.DIRECT, RouteReason.PREFILL_BUSY
     return Route.DISAGGREGATED, RouteReason.LONG
