@@ -15,6 +15,16 @@ Engines may be tuned per role: the prefill chunk (vLLM's --max-num-batched-token
 of decode (or colocated) replicas, which also prefill the prompts that go direct; a small chunk keeps a long
 prompt from stalling every co-running decode (chunked-prefill interference), a large one batches prefill.
 
+With LMCache on (`lmcache_cpu_gib`, `lmcache_p2p`), every engine has LMCache's CPU tier: a prefix its GPU
+cache evicted loads over the host link, and with p2p a prefix any peer's CPU tier holds is fetched over the KV
+link (the engines' own model, `EngineCore._external_prefix`), both inside the admitting step.
+
+Speed: a decode engine whose batch is steady (nothing waiting or loading, every request decoding) is
+timed many steps at once (`EngineCore.decode_run`); a request reaching it cuts the run at the step in
+flight, and the autoscaler, planner and threshold see every step that has ended before they read, so the
+figures are those of stepping one step at a time (tests/unit/test_sim_speed.py). Each prompt is hashed once
+however often a trace is replayed.
+
 Autoscaling feeds the real `Recommender` what the operator's runner would read: each engine keeps vLLM's
 TTFT and ITL histograms (same buckets), the simulator "scrapes" ready engines every interval into the real
 `Window`, and the percentile is the real Prometheus-style `Histogram.quantile`. A new replica holds its GPUs
