@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from inferencepool.bench import resume
 
 
@@ -73,3 +75,18 @@ def test_settings_that_cannot_measure_a_resume_are_refused() -> None:
     resume.configure(parser)
     assert resume.run(parser.parse_args(["--engines", "1"])) == 2
     assert resume.run(parser.parse_args(["--kill-after", "16"])) == 2
+
+
+def test_the_pause_at_the_kill_is_read_from_the_gap_across_it() -> None:
+    got = resume.Answer(times=[1.0, 1.1, 1.2, 1.9, 2.0])
+    assert got.gap_across(1.25) == pytest.approx(0.7)
+    assert resume.Answer(times=[1.0, 1.1]).gap_across(1.5) is None  # broken at the kill: no event after
+    rounds = [
+        resume.Round("resume", 4, 4, 0, 0, 1, 0, 1.0, gaps_across_kill_ms=[900.0, 60.0, 50.0, 40.0]),
+        resume.Round("no-resume", 4, 3, 1, 0, 0, 0, 1.0, gaps_across_kill_ms=[55.0, 45.0, 40.0]),
+    ]
+    assert resume.pauses(rounds) == {
+        "resumed_pause_p50_ms": 900.0,
+        "other_streams_gap_p50_ms": 50.0,
+        "ratio": 18.0,
+    }

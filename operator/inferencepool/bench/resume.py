@@ -70,6 +70,13 @@ class Answer:
     events: int = 0
     done: bool = False
     error: str | None = None
+    times: list[float] = field(default_factory=list)  # when each event arrived (monotonic)
+
+    def gap_across(self, instant: float) -> float | None:
+        """Seconds from the last event before `instant` to the first after it (None without both)."""
+        before = [t for t in self.times if t <= instant]
+        after = [t for t in self.times if t > instant]
+        return after[0] - before[-1] if before and after else None
 
     def add(self, event: bytes, chat: bool) -> None:
         data = event.strip().removeprefix(b"data:").strip()
@@ -136,6 +143,7 @@ async def read_stream(
                 for event in whole:
                     if event.strip():
                         answer.add(event, chat)
+                        answer.times.append(time.monotonic())
                 if progressed is not None and answer.events >= after:
                     progressed.set()
     except (aiohttp.ClientError, TimeoutError) as error:
@@ -156,6 +164,9 @@ class Round:
     router_broken: int  # ... and of those it could not resume
     seconds: float
     wrong_examples: list[str] = field(default_factory=list)
+    # Each stream's gap across the kill, largest first: the `resumed` largest are the resumed streams'
+    # pause (detecting the death, the continuation's prefill); the rest are the other streams' next token.
+    gaps_across_kill_ms: list[float] = field(default_factory=list)
 
     @property
     def hit(self) -> int:
@@ -283,6 +294,7 @@ async def one_round(args: argparse.Namespace, mode: str, http: Any) -> Round:
         ]
         await asyncio.wait_for(asyncio.gather(*(p.wait() for p in progressed)), 120)
         doomed = started[engines[0][0]]
+        killed_at = time.monotonic()
         doomed.send_signal(signal.SIGKILL)
         answers = await asyncio.wait_for(asyncio.gather(*streams), 300)
         seconds = time.monotonic() - began
@@ -304,6 +316,9 @@ async def one_round(args: argparse.Namespace, mode: str, http: Any) -> Round:
         router_broken=router_broken,
         seconds=seconds,
         wrong_examples=wrong[:3],
+        gaps_across_kill_ms=sorted(
+            (gap * 1e3 for a in answers if (gap := a.gap_across(killed_at)) is not None), reverse=True
+        ),
     )
 
 
@@ -340,6 +355,22 @@ def summarize(rounds: list[Round]) -> dict[str, dict[str, int]]:
             for key in ("streams", "hit", "resumed", "router_broken", "whole", "broken", "wrong")
         }
     return totals
+
+
+def pauses(rounds: list[Round]) -> dict[str, float]:
+    """Median gap across the kill of the resumed streams vs the other streams (resume rounds)."""
+    import statistics
+
+    resumed = [g for r in rounds if r.mode == "resume" for g in r.gaps_across_kill_ms[: r.resumed]]
+    others = [g for r in rounds if r.mode == "resume" for g in r.gaps_across_kill_ms[r.resumed :]]
+    nan = float("nan")
+    resumed_ms = statistics.median(resumed) if resumed else nan
+    others_ms = statistics.median(others) if others else nan
+    return {
+        "resumed_pause_p50_ms": resumed_ms,
+        "other_streams_gap_p50_ms": others_ms,
+        "ratio": resumed_ms / others_ms if others_ms else nan,
+    }
 
 
 def _plot(totals: dict[str, dict[str, int]], path: Path, args: argparse.Namespace) -> None:
@@ -395,8 +426,10 @@ def run(args: argparse.Namespace) -> int:
     )
     rounds = asyncio.run(_bench(args))
     totals = summarize(rounds)
+    paused = pauses(rounds)
     summary = {
         "totals": totals,
+        "pause_at_kill": paused,
         "rounds": [{**asdict(r), "hit": r.hit} for r in rounds],
         "settings": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str))},
     }
@@ -409,5 +442,10 @@ def run(args: argparse.Namespace) -> int:
             f"resumed, {t['router_broken']} given up; clients got {t['whole']} whole answers, "
             f"{t['broken']} broken, {t['wrong']} wrong"
         )
+    print(
+        f"a resumed stream paused {paused['resumed_pause_p50_ms']:.0f} ms at the kill (p50), "
+        f"x{paused['ratio']:.1f} the other streams' gap across it "
+        f"({paused['other_streams_gap_p50_ms']:.0f} ms)"
+    )
     print(f"results in {out / 'resume.json'}, plot {out / 'resume.png'}")
     return 0
