@@ -18,7 +18,7 @@ import yaml
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from tests.support.cluster import eventually
 
-from inferencepool import demo
+from inferencepool.demo import run as demo
 from inferencepool.observability import localprom
 
 if TYPE_CHECKING:

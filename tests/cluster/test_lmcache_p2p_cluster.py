@@ -17,8 +17,8 @@ from tests.cluster.operator_fixtures import (
     operator_kubeconfig,
 )
 
-from inferencepool import demo_p2p
 from inferencepool.controller.context import OperatorContext
+from inferencepool.demo import p2p as demo_p2p
 from inferencepool.kube import Kube
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from inferencepool import demo_plot
+from inferencepool.demo import plot as demo_plot
 
 
 def role(

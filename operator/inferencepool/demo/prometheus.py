@@ -3,7 +3,7 @@
 Debian's Prometheus has no Kubernetes discovery: this process lists the namespace's pods every 2 s into the
 file Prometheus reads (observability.localprom.start_for_cluster, relabelled as the chart's PodMonitors do),
 scrapes the operator's /metrics, and writes Prometheus' URL to <workdir>/url once it is ready. SIGTERM stops
-both. Started by the demo as `python -m inferencepool.demo_prometheus ...`.
+both. Started by the demo as `python -m inferencepool.demo.prometheus ...`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def list_pods(kubectl: str, kubeconfig: str, namespace: str) -> list[dict[str, A
 def main(argv: list[str] | None = None) -> int:
     from inferencepool.observability import localprom
 
-    parser = argparse.ArgumentParser(prog="python -m inferencepool.demo_prometheus")
+    parser = argparse.ArgumentParser(prog="python -m inferencepool.demo.prometheus")
     parser.add_argument("--kubectl", required=True)
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--namespace", required=True)

@@ -3,12 +3,12 @@
 Starts the local control plane (built from Go modules on first use), installs the CRD, runs the operator,
 applies examples/demo-cpu.yaml (fake engines with an H100 timing profile), waits until the pool is Ready, then
 sends a short and a long prompt through the pool's router and shows which route each took, its TTFT, and
-`kubectl get pdpool`; then a load step (demo_step): long prompts from one client, then from eight, and the SLA
+`kubectl get pdpool`; then a load step (step.py): long prompts from one client, then from eight, and the SLA
 planner scaling the prefill pool as it happens (its decision and figures, the new pods Ready, TTFT against the
 target), plotted into out/demo/load-step.png; then loads the pool until the operator reports each pool's
 latency and the bottleneck, and ends with `inferencepool diagnose` on that traffic (the evidence, and the
 simulator's what-if). Everything it started is stopped at the end unless --keep, which also starts a
-Prometheus scraping the pool and the operator (demo_prometheus) when one is installed.
+Prometheus scraping the pool and the operator (prometheus.py) when one is installed.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import yaml
 
 from inferencepool.api import labels
 from inferencepool.api.pods import http_url, is_ready
-from inferencepool.demo_p2p import run_p2p_step
-from inferencepool.demo_step import run_load_step
+from inferencepool.demo.p2p import run_p2p_step
+from inferencepool.demo.step import run_load_step
 
 DEFAULT_POOL_FILE = Path("examples/demo-cpu.yaml")
 DEFAULT_OUT = Path("out/demo")
@@ -387,7 +387,7 @@ def start_prometheus(
     """--keep: a Prometheus (Debian's package) scraping the namespace's pods and the operator, in a process of
     its own that outlives the demo (returned); skipped, with the reason, when none is installed or it does not
     start (None)."""
-    from inferencepool import demo_prometheus
+    from inferencepool.demo import prometheus as demo_prometheus
     from inferencepool.observability import localprom, metrics
 
     try:
@@ -402,7 +402,7 @@ def start_prometheus(
             [
                 sys.executable,
                 "-m",
-                "inferencepool.demo_prometheus",
+                "inferencepool.demo.prometheus",
                 "--kubectl",
                 kubectl.binary,
                 "--kubeconfig",

@@ -2,7 +2,7 @@
 sizes the prefill pool from the load it measures, and the demo shows it as it happens: the planner's decision
 with its figures (status.<role>.lastScaling and the ScaledUp event), the new pods becoming Ready, the observed
 TTFT against the target. Status is sampled every couple of seconds into out/demo/load-step.json and plotted
-into out/demo/load-step.png (demo_plot).
+into out/demo/load-step.png (plot.py).
 
 The fake engines load no model, so a new pod serves seconds after the decision: the step sets the pool's
 modelLoadSeconds to 10 (the default of 120 is a real vLLM's image pull and load), so the planner sizes for the
@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from inferencepool import demo_plot
 from inferencepool.api import labels
 from inferencepool.api.pods import is_ready
+from inferencepool.demo import plot as demo_plot
 
 MODEL_LOAD_SECONDS = 10
 SAMPLE_SECONDS = 2.0
