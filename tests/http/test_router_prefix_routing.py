@@ -140,3 +140,29 @@ async def test_a_shared_system_prompt_spreads_and_a_long_shared_prefix_stays_tog
         }
         assert len(together) == 1, together
         assert await metric_sum(router.url, DECISIONS, reason="policy") == 32
+
+
+async def test_the_router_reads_each_engines_load_in_the_background() -> None:
+    """The engines' own running and waiting counts reach the endpoint table (what the load bound and the
+    route costs weigh besides the router's own requests), and drop back when the engine is idle."""
+    async with engines(["decode"], profile="cpu-demo") as (decode,):
+        config = config_for([], [decode], policy="Colocated", engineMetricsIntervalMilliseconds=50)
+        async with running_router(config) as router:
+            pod = router.router.pods.by_role("decode")[0]
+            answer = asyncio.create_task(
+                complete(router.url, words("stream", 50), stream=True, max_tokens=400)
+            )
+            try:
+                for _ in range(400):
+                    if pod.engine_running == 1:
+                        break
+                    await asyncio.sleep(0.01)
+                assert (pod.engine_running, pod.load) == (1, 1)
+            finally:
+                status, _, _ = await answer
+            assert status == 200
+            for _ in range(400):
+                if pod.engine_running == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert pod.load == 0
