@@ -9,6 +9,7 @@ from inferencepool.engine_sim import timing
 from inferencepool.engine_sim.profiles import get_profile
 from inferencepool.sim import workload
 from inferencepool.sim.cluster import Scenario, simulate
+from inferencepool.sim.compare import Budget, build_scenarios
 from inferencepool.sim.network import Network
 from inferencepool.sim.report import Slo
 from inferencepool.sim.search import attainment
@@ -112,3 +113,26 @@ def test_disaggregation_pays_on_a_fast_link_and_stops_paying_on_a_slow_one() -> 
     slow = attainment(simulate(pd, H100, trace, kv_link_bytes_per_s=1 * GB), slo)
     assert fast > colocated + 0.05
     assert slow < colocated - 0.5
+
+
+def test_the_backlog_of_a_link_is_what_its_transfers_still_have_to_move() -> None:
+    network = Network(latency_s=0.0)
+    for name in ("send:p", "recv:d0", "recv:d1"):
+        network.add_link(name, 10 * GB)
+    network.start(0.0, "a", ("send:p", "recv:d0"), 10 * GB)
+    network.start(0.0, "b", ("send:p", "recv:d1"), 10 * GB)  # 5 GB/s each over p's send link
+    assert network.backlog("send:p", 0.0) == pytest.approx(20 * GB)
+    assert network.backlog("send:p", 1.0) == pytest.approx(10 * GB)
+    assert network.backlog("recv:d1", 1.0) == pytest.approx(5 * GB)
+    network.advance(2.0)
+    assert network.backlog("send:p", 2.0) == 0
+
+
+def test_cost_aware_routing_sees_a_slow_link_fill_and_prefills_on_decode_pods() -> None:
+    [scenario] = build_scenarios(Budget(4, 2), Slo(0.8, 0.025), ["cost-aware"])
+    trace = workload.shape(workload.load("azure-conv"), duration=120, rate=8)
+    direct = {}
+    for link in (40 * GB, 0.5 * GB):
+        result = simulate(scenario, H100, trace, kv_link_bytes_per_s=link)
+        direct[link] = sum(r.route == "direct" for r in result.records) / len(result.records)
+    assert direct[0.5 * GB] > direct[40 * GB] + 0.2

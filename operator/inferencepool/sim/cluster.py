@@ -669,13 +669,19 @@ class ClusterSim:
             chosen = self._pick("decode", affinity)
         uncached, prefill_seconds = cost(chosen)
         prefill_pods = self.pods.available("prefill", now)
+        # the prompt's KV from the prefill pod to the decode pod, over this pool's link, behind the KV the
+        # router already sent over that pod's link and that has not landed yet
+        transfer = timing.kv_transfer_time(self.profile, prompt, self.kv_link_bytes_per_s)
+        if prefill_pods and transfer > 0:
+            first = min(prefill_pods, key=lambda p: self._pending.get(p.name, 0.0))
+            backlog = self.network.backlog(f"send:{first.name}", now)
+            transfer += backlog / (self.kv_link_bytes_per_s * self.profile.tensor_parallel)
         costs = RouteCosts(
             uncached_tokens=uncached,
             prefill_seconds=prefill_seconds,
             prefill_queue_seconds=min((self._pending.get(p.name, 0.0) for p in prefill_pods), default=0.0),
             decode_queue_seconds=self._pending.get(chosen.name, 0.0),
-            # the prompt's KV from the prefill pod to the decode pod, over this pool's link
-            transfer_seconds=timing.kv_transfer_time(self.profile, prompt, self.kv_link_bytes_per_s),
+            transfer_seconds=transfer,
             ttft_target_seconds=self.scenario.cost_ttft_target_seconds,
         )
         route, reason = choose_route_by_cost(

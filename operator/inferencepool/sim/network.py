@@ -82,6 +82,14 @@ class Network:
             self._share()
         return done
 
+    def backlog(self, link: str, now: float) -> float:
+        """Bytes still to cross `link` at `now` by the transfers in flight on it."""
+        return sum(
+            max(0.0, t.remaining_bytes - t.rate * max(0.0, now - self.now))
+            for t in self.transfers.values()
+            if link in t.links and t.finished_bytes_at is None
+        )
+
     def next_end(self) -> float | None:
         """When the next transfer completes (its last byte plus the latency), if nothing else starts."""
         times = []
