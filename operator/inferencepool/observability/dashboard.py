@@ -297,12 +297,13 @@ ROWS: Final = (
             ),
             Panel(
                 "LMCache hit rate",
-                "Share of queried prompt tokens LMCache supplied (CPU offload, disk or a peer engine), as "
-                "vLLM "
-                "reports its KV connector's hits (vllm:external_prefix_cache_*).",
+                "Share of the prompt tokens LMCache was asked for (beyond the GPU prefix cache) that it "
+                "supplied from CPU offload, disk or a peer engine (lmcache:num_hit_tokens over "
+                "lmcache:num_requested_tokens). vLLM's vllm:external_prefix_cache_* would also count the "
+                "tokens a decode pod loads over NIXL.",
                 (
                     Query(
-                        hit_ratio("vllm:external_prefix_cache_hits", "vllm:external_prefix_cache_queries"),
+                        hit_ratio("lmcache:num_hit_tokens", "lmcache:num_requested_tokens"),
                         "{{role}}",
                     ),
                 ),
