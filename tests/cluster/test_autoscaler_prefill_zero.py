@@ -96,6 +96,10 @@ def test_an_idle_prefill_pool_goes_to_zero_and_long_prompts_bring_it_back(
         return int(workload.get("spec", {}).get("replicas", -1))
 
     eventually(lambda: prefill_replicas() == 0, 90, "the idle prefill pool at zero")
+    # the decision reaches status with the daemon's next write, after the StatefulSet's replicas
+    eventually(
+        lambda: "lastScaling" in role_status(admin_kube, namespace, "prefill"), 30, "the decision in status"
+    )
     last = role_status(admin_kube, namespace, "prefill")["lastScaling"]
     assert (last["fromReplicas"], last["replicas"], last["reason"]) == (1, 0, "PrefillToZero"), last
     eventually(lambda: not ready_urls(admin_kube, namespace, "prefill"), 60, "no prefill pod left")
@@ -113,6 +117,11 @@ def test_an_idle_prefill_pool_goes_to_zero_and_long_prompts_bring_it_back(
         "fallbacks with reason no_prefill_pod",
     )
     eventually(lambda: prefill_replicas() >= 1, 120, "the prefill pool back")
+    eventually(
+        lambda: role_status(admin_kube, namespace, "prefill")["lastScaling"]["fromReplicas"] == 0,
+        30,
+        "the decision in status",
+    )
     last = role_status(admin_kube, namespace, "prefill")["lastScaling"]
     # PrefillBack, or ScalingLimited when the step's forecast asks for more than maxReplicas
     assert last["fromReplicas"] == 0 and last["reason"] in ("PrefillBack", "ScalingLimited"), last
