@@ -612,7 +612,9 @@ class EngineCore:
                 sum(self._blocks_needed(seq, seq.num_computed + count) for seq in running)
             )
 
-        if not fits(steps):
+        # each request grows by at most steps // block + 1 blocks: when that fits, no need to count
+        worst = len(running) * (steps // self.pool.block_tokens + 1)
+        if not self.pool.can_allocate(worst) and not fits(steps):
             low, high = 0, steps  # fits(low), not fits(high)
             while high - low > 1:
                 middle = (low + high) // 2
