@@ -53,6 +53,21 @@ def test_decode_runs_give_the_figures_of_single_steps(trace: str, name: str) -> 
         (e.time, e.role, e.replicas) for e in one.scaling
     ]
     assert many.thresholds == one.thresholds
+    # what the planner read and decided (its sums of gaps may differ in the last bit: other order)
+    for batched_plan, stepped_plan in zip(many.plans, one.plans, strict=True):
+        for a, b in (
+            (batched_plan.prefill, stepped_plan.prefill),
+            (batched_plan.decode, stepped_plan.decode),
+        ):
+            assert (a.replicas, a.wanted, a.reason, a.observed_seconds) == (
+                b.replicas,
+                b.wanted,
+                b.reason,
+                b.observed_seconds,
+            )
+            figures = (a.demand, a.forecast, a.capacity_per_replica, a.correction, a.latency_factor)
+            expected = (b.demand, b.forecast, b.capacity_per_replica, b.correction, b.latency_factor)
+            assert figures == pytest.approx(expected, rel=1e-9)
     assert summarize(many, SLO) == summarize(one, SLO)
 
 
@@ -125,3 +140,28 @@ def test_the_engine_refuses_hashes_of_another_prompt() -> None:
     core = EngineCore(H100, "e0")
     with pytest.raises(ValueError, match="2 chunk hashes for a prompt of 1000 tokens"):
         core.add_request(EngineRequest("a", list(range(1000)), 5, chunk_hashes=[b"x"] * 2), 0.0)
+
+
+def test_a_started_step_holds_its_kv_and_counts_as_busy_as_a_scheduled_one() -> None:
+    def engine() -> EngineCore:
+        core = EngineCore(H100, "e0")
+        core.add_request(EngineRequest("a", list(range(300)), 200), 0.0)
+        core.add_request(EngineRequest("b", list(range(10_000, 10_255)), 200), 0.0)  # grows a block at once
+        step = core.schedule(0.0)
+        assert step is not None
+        core.complete(step)
+        return core
+
+    stepped, batched = engine(), engine()
+    run = batched.decode_run(0.5)
+    assert run is not None
+    assert stepped.schedule(0.5) is not None  # the first decode step, scheduled: its KV taken
+    batched.start_decode_steps(run, 1)
+    assert batched.kv_usage == stepped.kv_usage > 0
+    assert (
+        batched.stats.steps == stepped.stats.steps
+        and batched.stats.busy_seconds == stepped.stats.busy_seconds
+    )
+    assert run.cut(0.5) and len(run.ends) == 1  # the started step stays, the rest go
+    batched.commit_decode_run(run, 1)  # its KV is not taken twice
+    assert batched.kv_usage == stepped.kv_usage

@@ -212,11 +212,12 @@ class DecodeRun:
     seqs: tuple[_Seq, ...] = field(repr=False)
     finishing: bool = False  # the last step gives some request its last token
     committed: int = 0  # steps already applied to the engine
+    started: int = 0  # steps whose KV blocks and busy time the engine has taken (at their start, as vLLM)
 
     def cut(self, now: float) -> bool:
         """Keep the steps up to the one in flight at `now` (an arrival at a step's end waits for the next
         step, as an arrival event precedes a step end at the same time); True when steps were dropped."""
-        keep = max(self.committed + 1, bisect.bisect_left(self.ends, now) + 1)
+        keep = max(self.committed + 1, self.started, bisect.bisect_left(self.ends, now) + 1)
         if keep >= len(self.ends):
             return False
         del self.ends[keep:]
@@ -642,6 +643,26 @@ class EngineCore:
         ids = tuple(s.request.request_id for s in running)
         return DecodeRun(now, ends, durations, ids, tuple(running), finishing=steps == left)
 
+    def start_decode_steps(self, run: DecodeRun, upto: int) -> None:
+        """The run's steps up to `upto` have started: their KV blocks are taken and their time counted as
+        busy, as `schedule` does at a step's start (what a reader of `kv_usage` or `stats` sees mid-run)."""
+        upto = min(upto, len(run.ends))
+        if upto <= run.started:
+            return
+        ahead = upto - run.committed
+        for seq in run.seqs:
+            if seq.state is not _State.RUNNING:
+                raise AssertionError(f"request {seq.request.request_id} left the batch during a decode run")
+            need = self._blocks_needed(seq, seq.num_computed + ahead)
+            if not self.pool.allocate(need):
+                raise AssertionError("a decode run outgrew the KV blocks it was sized for")
+            seq.private_blocks += need
+        stats = self.stats
+        stats.steps += upto - run.started
+        for duration in run.durations[run.started : upto]:
+            stats.busy_seconds += duration
+        run.started = upto
+
     def commit_decode_run(self, run: DecodeRun, steps: int) -> list[TokenEvent]:
         """Apply the run's next `steps` steps (each running request computed one more token per step); the
         last tokens of the requests that finish in a finishing run's last step, as `complete` gives them."""
@@ -649,20 +670,11 @@ class EngineCore:
             return []
         if run.committed + steps > len(run.ends):
             raise ValueError(f"the run has {len(run.ends) - run.committed} steps left, not {steps}")
+        self.start_decode_steps(run, run.committed + steps)
         for seq in run.seqs:
-            if seq.state is not _State.RUNNING:
-                raise AssertionError(f"request {seq.request.request_id} left the batch during a decode run")
-            need = self._blocks_needed(seq, seq.num_computed + steps)
-            if not self.pool.allocate(need):
-                raise AssertionError("a decode run outgrew the KV blocks it was sized for")
-            seq.private_blocks += need
             seq.num_computed += steps
             seq.num_output += steps
-        stats = self.stats
-        stats.generation_tokens += steps * len(run.seqs)
-        stats.steps += steps
-        for duration in run.durations[run.committed : run.committed + steps]:
-            stats.busy_seconds += duration
+        self.stats.generation_tokens += steps * len(run.seqs)
         run.committed += steps
         if not run.finishing or run.committed < len(run.ends):
             return []

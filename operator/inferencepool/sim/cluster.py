@@ -856,7 +856,9 @@ class ClusterSim:
         for replica in self.replicas:
             run = replica.run
             if run is not None:
-                self._commit_run(replica, run, bisect_right(run.ends, self.now))
+                done = bisect_right(run.ends, self.now)
+                self._commit_run(replica, run, done)
+                replica.core.start_decode_steps(run, done + 1)  # the step in flight has its KV, as in vLLM
 
     def _run_end(self, replica: Replica) -> None:
         run = replica.run
