@@ -132,11 +132,14 @@ def build_scenarios(budget: Budget, slo: Slo, names: Sequence[str] = SCENARIO_NA
             # scale-down waits for, after a scale-up and at start
             scale_down_delay_seconds=budget.scale_down_stabilization_seconds,
             warmup_seconds=budget.scale_down_stabilization_seconds,
-            **({} if budget.planner_peak_seconds is None else {"peak_seconds": budget.planner_peak_seconds}),
         ),
         window_seconds=budget.window_seconds,
         percentile=budget.percentile,
     )
+    if budget.planner_peak_seconds is not None:  # else the planner's own default
+        planner = replace(
+            planner, settings=replace(planner.settings, peak_seconds=budget.planner_peak_seconds)
+        )
     every = {
         "colocated": Scenario("colocated", "Colocated", 0, budget.replicas),
         "colocated-tuned": Scenario(
