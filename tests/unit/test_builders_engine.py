@@ -378,3 +378,46 @@ def test_no_cpu_tier_under_p2p_or_disk_is_refused_naming_the_fields(kv_cache: di
         ValueError, match=r"spec\.kvCache\.cpuOffloadGiB must be at least 1 when spec\.kvCache\."
     ):
         load_pool("llama-3.1-8b.yaml", kvCache=kv_cache)
+
+
+def args_of(pool: InferencePool, role: str) -> list[str]:
+    return list(container(child(pool, "StatefulSet", f"llama-8b-{role}"))["args"])
+
+
+@pytest.mark.parametrize(
+    ("changes", "prefill", "decode"),
+    [
+        # decode pods prefill the prompts routed to them directly: a chunk whose step fits the ITL target
+        ({}, None, ("1024", None)),  # ITL target 40 ms in the example
+        ({"decode__autoscaling__target": {"itlMilliseconds": 25}}, None, ("512", "512")),
+        ({"decode__autoscaling": None}, None, ("512", "512")),  # no target: the tight chunk
+        # the spec's own chunk per pool; below vLLM's default max-num-seqs (1024) the batch is capped with it
+        (
+            {"prefill__maxNumBatchedTokens": 16384, "decode__maxNumBatchedTokens": 256},
+            ("16384", None),
+            ("256", "256"),
+        ),
+    ],
+)
+def test_each_pool_runs_its_own_prefill_chunk(
+    changes: dict[str, Any], prefill: tuple[str, str | None] | None, decode: tuple[str, str | None]
+) -> None:
+    pool = load_pool("llama-3.1-8b.yaml", **changes)
+    for role, expected in (("prefill", prefill), ("decode", decode)):
+        args = args_of(pool, role)
+        if expected is None:  # vLLM's own default (8192 on H100/H200) for throughput
+            assert "--max-num-batched-tokens" not in args and "--max-num-seqs" not in args
+            continue
+        tokens, seqs = expected
+        assert arg_value(args, "--max-num-batched-tokens") == tokens
+        assert ("--max-num-seqs" in args) == (seqs is not None)
+        if seqs is not None:
+            assert arg_value(args, "--max-num-seqs") == seqs
+
+
+@pytest.mark.parametrize("flag", ["--max-num-batched-tokens=2048", "--max_num_seqs"])
+def test_extra_args_that_set_the_batch_leave_it_to_them(flag: str) -> None:
+    pool = load_pool("llama-3.1-8b.yaml", engine__extraArgs=[flag, "64"] if "=" not in flag else [flag])
+    for role in ("prefill", "decode"):
+        args = args_of(pool, role)
+        assert args.count("--max-num-batched-tokens") == 0 and args.count("--max-num-seqs") == 0

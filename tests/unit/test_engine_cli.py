@@ -169,6 +169,13 @@ def test_multiconnector_with_lmcache_p2p(tmp_path: Path) -> None:
         ([], {"VLLM_NIXL_SIDE_CHANNEL_PORT": "x"}, "VLLM_NIXL_SIDE_CHANNEL_PORT must be an integer"),
         (["--profile", "llama-3.1-70b-h100-tp4", "-tp", "1"], {}, "weights do not fit"),
         (["--max-model-len", "99999"], {}, "max_model_len 99999"),
+        # vLLM's SchedulerConfig: the chunk may not be below the batch, its default of 1024 on H100 included
+        (
+            ["--profile", "llama-3.1-8b-h100", "--max-num-batched-tokens", "512"],
+            {},
+            r"max_num_batched_tokens \(512\) must be greater than or equal",
+        ),
+        (["--max-num-batched-tokens", "512", "--max-num-seqs", "600"], {}, r"max_num_seqs \(600\)"),
         (
             ["--kv-transfer-config", json.dumps({**NIXL, "kv_load_failure_policy": "retry"})],
             {},

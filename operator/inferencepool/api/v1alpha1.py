@@ -42,6 +42,17 @@ DEFAULT_ADAPTIVE_MAX_TOKENS: Final = 16384
 DEFAULT_MIN_REPLICAS: Final = 1
 DEFAULT_TENSOR_PARALLEL_SIZE: Final = 1
 DEFAULT_CPU_OFFLOAD_GIB: Final = 5
+# The decode pool's prefill chunk (vLLM --max-num-batched-tokens; decode pods also prefill the prompts routed
+# to them directly): the largest chunk whose prefill step fits the ITL target, measured in the simulator for
+# Llama-3.1-8B on H100 (512 at 25 ms, 1024 at 40 ms; `inferencepool sim` chunk_for_itl). vLLM's own default
+# (8192 on H100/H200) stretches a decode step to ~250 ms while a long prompt is prefilled beside it.
+DECODE_CHUNK_TOKENS_TIGHT: Final = 512
+DECODE_CHUNK_TOKENS: Final = 1024
+DECODE_CHUNK_LOOSE_ITL_MS: Final = 40  # ITL targets from here up take the larger chunk
+# vLLM refuses max_num_batched_tokens < max_num_seqs (SchedulerConfig), and its default max_num_seqs is 1024
+# on H100/H200 (arg_utils.get_batch_defaults), so a smaller chunk caps the running batch at the chunk.
+VLLM_DEFAULT_MAX_NUM_SEQS: Final = 1024
+MIN_CHUNK_TOKENS: Final = 64
 # LMCache PD reserves a whole prompt's chunks up front: the default receive buffer holds this many prompts of
 # maxModelLen tokens at once.
 PD_BUFFER_PROMPTS: Final = 2
@@ -507,6 +518,21 @@ class PoolSpec(SpecModel):
             "GPUs per pod (nvidia.com/gpu); 0 runs on CPU. Defaults to the pool's tensor-parallel size."
         ),
     )
+    max_num_batched_tokens: int | None = Field(
+        default=None,
+        ge=MIN_CHUNK_TOKENS,
+        le=MAX_TOKENS,
+        description=(
+            "Prefill chunk of this pool's engines (vLLM --max-num-batched-tokens, with chunked prefill on). "
+            "Defaults: prefill pool vLLM's own (8192 on H100/H200, 2048 on smaller GPUs), for throughput; "
+            "decode pool, which also prefills the prompts routed to it directly, "
+            f"{DECODE_CHUNK_TOKENS_TIGHT} when its ITL target is under {DECODE_CHUNK_LOOSE_ITL_MS} ms or it "
+            f"has none, else {DECODE_CHUNK_TOKENS}, so a prompt prefilled beside running streams stretches "
+            f"their steps by less than the target. Below {VLLM_DEFAULT_MAX_NUM_SEQS} the operator also sets "
+            "--max-num-seqs to it (vLLM requires max-num-batched-tokens >= max-num-seqs). Not applied when "
+            "engine.extraArgs sets --max-num-batched-tokens or --max-num-seqs."
+        ),
+    )
     resources: dict[str, Any] = Field(
         default_factory=dict,
         description="Engine container resources (ResourceRequirements); GPUs come from gpusPerReplica.",
@@ -850,6 +876,29 @@ class InferencePoolSpec(SpecModel):
         target = autoscaling.target
         return target.ttft_milliseconds if role == "prefill" else target.itl_milliseconds
 
+    def chunk_tokens(self, role: PoolRole) -> int | None:
+        """The pool's prefill chunk (--max-num-batched-tokens): its own, else the decode default from its ITL
+        target; None leaves vLLM's default (the prefill pool, or extraArgs that set the batch flags)."""
+        if any(_flag_name(arg) in BATCH_FLAGS for arg in self.engine.extra_args):
+            return None
+        pool = self.pool(role)
+        if pool.max_num_batched_tokens is not None or role == "prefill":
+            return pool.max_num_batched_tokens
+        itl = pool.autoscaling.target.itl_milliseconds if pool.autoscaling is not None else None
+        loose = itl is not None and itl >= DECODE_CHUNK_LOOSE_ITL_MS
+        return DECODE_CHUNK_TOKENS if loose else DECODE_CHUNK_TOKENS_TIGHT
+
+    def batch_args(self, role: PoolRole) -> list[str]:
+        """vLLM serve flags for the pool's chunk: --max-num-batched-tokens, and --max-num-seqs where vLLM's
+        default would exceed the chunk (it refuses max_num_batched_tokens < max_num_seqs)."""
+        chunk = self.chunk_tokens(role)
+        if chunk is None:
+            return []
+        args = ["--max-num-batched-tokens", str(chunk)]
+        if chunk < VLLM_DEFAULT_MAX_NUM_SEQS:
+            args += ["--max-num-seqs", str(chunk)]
+        return args
+
     def uses_lmcache(self) -> bool:
         return self.kv_cache is not None or self.kv_transfer.connector == "LMCachePD"
 
@@ -859,6 +908,14 @@ class InferencePoolSpec(SpecModel):
 
     def p2p_enabled(self) -> bool:
         return self.kv_cache is not None and self.kv_cache.p2p.enabled
+
+
+BATCH_FLAGS: Final = frozenset({"--max-num-batched-tokens", "--max-num-seqs"})
+
+
+def _flag_name(arg: str) -> str:
+    """`--flag=value` and `--flag` both name `--flag`; vLLM also accepts underscores."""
+    return arg.split("=", 1)[0].replace("_", "-")
 
 
 # --- cross-field rules

@@ -131,6 +131,7 @@ def vllm_args(pool: InferencePool, role: PoolRole) -> list[str]:
     ]
     if engine.max_model_len is not None:
         args += ["--max-model-len", str(engine.max_model_len)]
+    args += spec.batch_args(role)
     if spec.model.tokenizer is not None:
         args += ["--tokenizer", spec.model.tokenizer]
     if spec.kv_transfer.connector == "LMCachePD":

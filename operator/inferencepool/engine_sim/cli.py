@@ -121,6 +121,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
             )
 
 
+def _check_batch_limits(profile: Any, max_num_batched_tokens: int | None, max_num_seqs: int | None) -> None:
+    """vLLM refuses max_num_batched_tokens < max_num_seqs (SchedulerConfig.verify_max_model_len), defaults
+    included: 1024 sequences on H100/H200 (arg_utils.get_batch_defaults), so a small chunk alone fails."""
+    tokens = profile.max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
+    seqs = profile.max_num_seqs if max_num_seqs is None else max_num_seqs
+    if tokens < seqs:
+        raise ValueError(
+            f"--max-num-batched-tokens: max_num_batched_tokens ({tokens}) must be greater than or equal to "
+            f"max_num_seqs ({seqs})"
+        )
+
+
 def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Any:
     """EngineConfig from vLLM-style flags and environment; raises ValueError naming a bad flag or variable."""
     from inferencepool.engine_sim.core import LmcacheSettings
@@ -135,6 +147,7 @@ def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None
     if len(words) > 1:
         raise ValueError(f"expected at most one MODEL argument, got {words}")
     profile = get_profile(args.profile or env.get("FAKE_ENGINE_PROFILE") or DEFAULT_PROFILE)
+    _check_batch_limits(profile, args.max_num_batched_tokens, args.max_num_seqs)
     profile = profile.with_overrides(
         tensor_parallel=args.tensor_parallel_size,
         max_model_len=args.max_model_len,

@@ -437,7 +437,10 @@ class ClusterSim:
     def _tuned(self, chunk_tokens: int | None) -> EngineProfile:
         if chunk_tokens is None or chunk_tokens == self.profile.max_num_batched_tokens:
             return self.profile
-        return self.profile.with_overrides(max_num_batched_tokens=chunk_tokens)
+        # vLLM refuses max_num_batched_tokens < max_num_seqs, so the operator caps the batch at a smaller
+        # chunk (InferencePoolSpec.batch_args); the simulated engine runs as deployed
+        seqs = min(self.profile.max_num_seqs, chunk_tokens)
+        return self.profile.with_overrides(max_num_batched_tokens=chunk_tokens, max_num_seqs=seqs)
 
     # ----- the event loop -----
 
