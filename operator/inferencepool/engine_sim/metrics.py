@@ -27,6 +27,8 @@ REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
     120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
+# vllm:request_time_per_output_token_seconds has the ITL buckets (loggers.py: inter_token_latency_buckets)
+TPOT_BUCKETS = ITL_BUCKETS
 # vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py, NixlPromMetrics: the transfer-time buckets
 # without their first (0.001), and bytes in powers of two from 2 KiB to 8 GiB.
 NIXL_XFER_TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
@@ -35,6 +37,13 @@ NIXL_BYTES_BUCKETS = tuple(float(2 ** (10 + i)) for i in range(1, 25, 2))
 
 # LMCache's labels (lmcache/observability.py PrometheusLogger._metadata_to_labels)
 LMCACHE_LABELS = ("model_name", "worker_id", "role", "served_model_name")
+
+
+def request_tpot(first_token: float, last_token: float, generated: int) -> float:
+    """A finished request's mean time per output token as vLLM 0.33 computes it
+    (stats.py:update_from_finished_request): decode time, first to last token, over the tokens after the first
+    (the prefill's token does not count); 0 for a request of one token."""
+    return (last_token - first_token) / (generated - 1) if generated - 1 > 0 else 0.0
 
 
 class _CoreCollector(Collector):
@@ -195,6 +204,14 @@ class EngineMetrics:
             "Histogram of inter-token latency in seconds.",
             LABELS,
             buckets=ITL_BUCKETS,
+            registry=self.registry,
+        ).labels(*labels)
+        # observed once per finished request with request_tpot (loggers.py: record of each finished request)
+        self.tpot = Histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            LABELS,
+            buckets=TPOT_BUCKETS,
             registry=self.registry,
         ).labels(*labels)
         # Not a vLLM metric: wall seconds by which steps started late because this process lacked CPU, i.e.

@@ -33,6 +33,8 @@ class Stream:
     queue: asyncio.Queue[TokenEvent | RequestFailed]
     arrival_wall: float
     last_token_wall: float | None = None
+    first_token_wall: float | None = None
+    tokens: int = 0  # output tokens delivered so far
 
 
 class OpenAIApi:

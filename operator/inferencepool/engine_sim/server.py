@@ -27,7 +27,7 @@ from inferencepool.engine_sim.core import EngineCore, RequestFailed, TokenEvent
 from inferencepool.engine_sim.httputil import app_runner, bound_port
 from inferencepool.engine_sim.lmcache_p2p import ControllerIndex, P2PWorker
 from inferencepool.engine_sim.lmcache_pd import PdReceiver, PdSender
-from inferencepool.engine_sim.metrics import EngineMetrics
+from inferencepool.engine_sim.metrics import EngineMetrics, request_tpot
 from inferencepool.engine_sim.openai_api import OpenAIApi, Stream
 from inferencepool.engine_sim.protocol import GenerationRequest
 from inferencepool.engine_sim.side_channel import SideChannel
@@ -229,11 +229,15 @@ class FakeEngine:
         if isinstance(event, TokenEvent):
             if stream.last_token_wall is None:
                 self.metrics.ttft.observe(wall - stream.arrival_wall)
+                stream.first_token_wall = wall
             else:
                 self.metrics.itl.observe(wall - stream.last_token_wall)
             stream.last_token_wall = wall
+            stream.tokens += 1
             if event.finish_reason is not None:
                 self.metrics.e2e.observe(wall - stream.arrival_wall)
+                first = wall if stream.first_token_wall is None else stream.first_token_wall
+                self.metrics.tpot.observe(request_tpot(first, wall, stream.tokens))
         stream.queue.put_nowait(event)
 
     def _start_reads(self) -> None:
