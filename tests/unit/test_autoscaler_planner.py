@@ -74,6 +74,7 @@ def observe(
             decode,
             decode if decode_ready is None else decode_ready,
             observed_seconds=signals.get("itl"),
+            tpot_seconds=signals.get("tpot"),
             mean_itl_seconds=signals.get("mean_itl"),
             direct_ttft_seconds=signals.get("direct_ttft"),
             kv_usage=signals.get("kv"),
@@ -429,3 +430,66 @@ def test_the_itl_percentile_above_its_mean_corrects_a_decode_replica_s_room() ->
     assert no_tail.capacity_per_replica == pytest.approx(0.8) and no_tail.replicas == 1
     light = after((1000, 0.0125, 0.025), 7000).decode  # a 0.1 share: too light to learn from
     assert light.capacity_per_replica == pytest.approx(0.8) and "spread" not in light.message
+
+
+def test_decode_holds_the_requests_tpot_not_the_gaps_when_the_engines_export_it() -> None:
+    """The SLO is each request's mean time per output token. Gaps with a prefill-stall tail (p90 40 ms over
+    a 20 ms mean) give a room of 0.6 and two replicas for 7,000 tokens/s; the requests' TPOT p90 (22 ms)
+    gives a spread of 1.1, a room of 1 - 10 x 1.1 / 50 = 0.78, and one replica for the same load. Gaps over
+    the target (60 ms) add a replica; the requests' TPOT under it (30 ms) does not."""
+
+    def after(load: float, **signals: float) -> p.Plan:
+        planner = p.Planner(settings(trend_seconds=1.0, peak_seconds=0.0), MODEL)
+        for i in range(25):
+            planner.decide(observe(INTERVAL * (i + 1), 0.0, decode=1, generated_per_s=5000, **signals))
+        return planner.decide(observe(INTERVAL * 26, 0.0, decode=1, generated_per_s=load))
+
+    gaps = after(7000, mean_itl=0.02, itl=0.04).decode
+    tpot = after(7000, mean_itl=0.02, itl=0.04, tpot=0.022).decode
+    assert (gaps.signal, tpot.signal) == ("ITL", "TPOT")
+    assert gaps.capacity_per_replica == pytest.approx(0.6, abs=0.01) and gaps.replicas == 2
+    assert tpot.capacity_per_replica == pytest.approx(0.78, abs=0.01) and tpot.replicas == 1
+    assert tpot.replicas < gaps.replicas
+    assert "TPOT spread 1.1" in tpot.message and "ITL spread" not in tpot.message
+
+    def one(**signals: float) -> p.RolePlan:
+        return p.Planner(settings(), MODEL).decide(observe(15, 0.0, generated_per_s=3000, **signals)).decode
+
+    stalled = one(mean_itl=0.02, itl=0.06)
+    held = one(mean_itl=0.02, itl=0.06, tpot=0.03)
+    assert (stalled.replicas, stalled.reason) == (2, p.LATENCY_GUARD)
+    assert (held.replicas, held.reason) == (1, p.STEADY) and held.latency_factor == 1.0
+    assert held.observed_seconds == 0.03 and "TPOT (requests' mean ITL) 30ms vs target 50ms" in held.message
+    assert stalled.observed_seconds == 0.06 and "ITL 60ms vs target 50ms" in stalled.message
+
+
+def test_decode_still_scales_up_when_the_requests_tpot_misses() -> None:
+    """The requests' TPOT over the target with every replica ready raises the latency factor and adds a
+    replica, whatever the gaps say; a replica still loading is waited for."""
+    plan = p.Planner(settings(), MODEL).decide(observe(15, 0.0, generated_per_s=3000, itl=0.03, tpot=0.075))
+    assert plan.decode.signal == "TPOT" and plan.decode.observed_seconds == 0.075
+    assert plan.decode.latency_factor == pytest.approx(1.5)
+    assert (plan.decode.replicas, plan.decode.reason) == (2, p.LATENCY_GUARD)
+    loading = p.Planner(settings(), MODEL).decide(
+        observe(15, 0.0, decode=2, decode_ready=1, generated_per_s=3000, itl=0.03, tpot=0.075)
+    )
+    assert loading.decode.latency_factor == 1.0 and loading.decode.reason != p.LATENCY_GUARD
+    # a TPOT spread learnt while loaded shrinks the room as the gaps' would: 1 - 10 x 2 / 50 = 0.6
+    planner = p.Planner(settings(trend_seconds=1.0, peak_seconds=0.0), MODEL)
+    for i in range(25):
+        planner.decide(
+            observe(INTERVAL * (i + 1), 0.0, generated_per_s=5000, mean_itl=0.02, itl=0.02, tpot=0.04)
+        )
+    wide = planner.decide(observe(INTERVAL * 26, 0.0, generated_per_s=7000)).decode
+    assert wide.capacity_per_replica == pytest.approx(0.6, abs=0.01) and wide.replicas == 2
+
+
+def test_missing_metrics_name_the_decode_signal_kept() -> None:
+    kept = p.Planner(settings(), MODEL).decide(
+        p.Observation(
+            15, INTERVAL, None, None, None, p.PoolSignals(1, 1), p.PoolSignals(1, 1, 0.03, tpot_seconds=0.02)
+        )
+    )
+    assert kept.decode.reason == p.MISSING_METRICS
+    assert (kept.decode.signal, kept.decode.observed_seconds) == ("TPOT", 0.02)
+    assert (kept.prefill.signal, kept.prefill.observed_seconds) == ("TTFT", None)

@@ -26,7 +26,15 @@ from inferencepool.autoscaler.feed import (
     read_engine,
     read_router,
 )
-from inferencepool.autoscaler.histogram import ITL_METRIC, TTFT_METRIC, Counts, Histogram, parse_page
+from inferencepool.autoscaler.histogram import (
+    ITL_METRIC,
+    TPOT_METRIC,
+    TTFT_METRIC,
+    Counts,
+    Histogram,
+    parse_page,
+    read_histogram,
+)
 from inferencepool.autoscaler.planner import MISSING_METRICS, PREFILL_BACK, Planner, RouteLoad
 from inferencepool.autoscaler.planning import capacity_seed, planner_settings
 from inferencepool.builders.common import PoolRef, engine_name
@@ -219,6 +227,32 @@ def test_observation_signals_percentiles_mean_itl_kv_and_context() -> None:
         None,
         None,
         None,
+    )
+
+
+def test_the_requests_tpot_reaches_the_planner_from_the_engines_page() -> None:
+    """The fake engine's vllm:request_time_per_output_token_seconds, read off its page and differenced
+    over the window, is the decode signal's percentile; a page without it leaves the gaps' (older
+    engines)."""
+    engine = Engine()
+    page = parse_page(generate_latest(engine.metrics.registry).decode())
+    before = read_histogram(page, TPOT_METRIC)
+    assert before is not None and before.count == 0
+    for tpot in [0.02] * 8 + [0.045, 0.06]:
+        engine.metrics.tpot.observe(tpot)
+    after = read_histogram(parse_page(generate_latest(engine.metrics.registry).decode()), TPOT_METRIC)
+    assert after is not None
+    window = after.minus(before)
+    assert window.count == 10 and window.sum == pytest.approx(0.265)
+    decode = reading(EngineSample(0, 100, ITL), latency_window=ITL, tpot_window=window)
+    obs = observation(0.0, 10.0, reading(None), decode, RouterReading(None, None), 10_000)
+    assert obs.decode.tpot_seconds == pytest.approx(window.quantile(0.9))
+    assert obs.decode.tpot_seconds < obs.decode.observed_seconds  # type: ignore[operator]
+    older = observation(
+        0.0, 10.0, reading(None), reading(None, latency_window=ITL), RouterReading(None, None), 10
+    )
+    assert older.decode.tpot_seconds is None and older.decode.observed_seconds == pytest.approx(
+        ITL.quantile(0.9)
     )
 
 

@@ -5,6 +5,9 @@ Per engine pod, each decision interval:
 - counters `vllm:prompt_tokens` and `vllm:generation_tokens`, and the role's latency histogram (TTFT on
   prefill, ITL on decode), differenced against the pod's previous reading (`Deltas`): the load of the
   interval, and on decode the mean ITL (histogram sum / count) that corrects the capacity model;
+- on decode, `vllm:request_time_per_output_token_seconds` (each finished request's mean time per output
+  token, the SLO's own figure) over the percentile window, where the engines export it (vLLM >= 0.33):
+  the planner holds its percentile against the ITL target, and the gaps' percentile only without it;
 - gauges `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`: the decode
   pool's KV in use, and its mean context (KV in use over running sequences).
 Per router pod: requests and prompt tokens by route (`inferencepool_router_requests`,
@@ -196,6 +199,7 @@ class RoleReading:
     latency_window: Histogram | None  # the latency histogram over the percentile window
     percentile: int
     gauges: tuple[EngineGauges, ...] = ()  # one per ready pod that answered
+    tpot_window: Histogram | None = None  # decode: the requests' TPOT histogram over the percentile window
 
 
 @dataclass(frozen=True)
@@ -237,6 +241,7 @@ def observation(
             decode.replicas,
             decode.ready,
             observed_seconds=_quantile(decode.latency_window, decode.percentile),
+            tpot_seconds=_quantile(decode.tpot_window, decode.percentile),
             mean_itl_seconds=itl.sum / itl.count if itl is not None and itl.count > 0 else None,
             direct_ttft_seconds=_quantile(router.direct_ttft_window, prefill.percentile),
             kv_usage=kv_usage,

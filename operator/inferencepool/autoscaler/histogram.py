@@ -17,6 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 TTFT_METRIC = "vllm:time_to_first_token_seconds"
 ITL_METRIC = "vllm:inter_token_latency_seconds"
+# one observation per finished request: its mean time per output token (decode time / (output tokens - 1))
+TPOT_METRIC = "vllm:request_time_per_output_token_seconds"
 
 
 class MetricsError(ValueError):

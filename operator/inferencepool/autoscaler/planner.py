@@ -29,12 +29,18 @@ Capacity of one replica at the target:
 - decode: the share of each second beyond the base steps, delta G + W_d, must stay under 1 - t0 / ITL target
   (so a step, t0 / (1 - share), stays under the target), and under the TTFT cap of the direct prompts.
 
+Decode's latency signal is the SLO's own: the percentile of each request's mean time per output token
+(TPOT, vLLM's request_time_per_output_token histogram: "p90 of requests have a mean ITL under the target"),
+or, from engines without that histogram, the percentile of the token gaps (inter_token_latency), a
+stricter contract: gaps include every step that carries a prefill chunk, so their percentile sits near twice
+the mean where the requests' TPOT percentile does not. The plan says which (`RolePlan.signal`).
+
 Corrections: kappa = observed / predicted utilisation (prefill: the engines' busy share; decode: 1 - t0 /
-observed mean ITL), smoothed and clamped, multiplies the demand; decode's spread (the observed percentile
-ITL over the mean ITL, learnt while the pool is loaded) shrinks a replica's room, 1 - t0 x spread / target,
-since steps that carry a prefill chunk put the percentile above the mean step the model sizes; the
-latency factor phi grows while the pool's own percentile (prefill: TTFT; decode: ITL and the TTFT of
-direct prompts) is over target with every replica ready, and relaxes back to 1 when it is under. Over
+observed mean ITL), smoothed and clamped, multiplies the demand; decode's spread (the observed percentile of
+that signal over the mean ITL, learnt while the pool is loaded) shrinks a replica's room, 1 - t0 x spread /
+target, since steps that carry a prefill chunk put the percentile above the mean step the model sizes; the
+latency factor phi grows while the pool's own percentile (prefill: TTFT; decode: TPOT or ITL, and the TTFT
+of direct prompts) is over target with every replica ready, and relaxes back to 1 when it is under. Over
 target with every replica ready and no more planned, one replica is added (a guard against model error).
 
 Decision: replicas = ceil(demand / capacity) per role; scale up at once (replicas still loading count, since
@@ -163,6 +169,10 @@ class PoolSignals:
     direct_ttft_seconds: float | None = None  # decode: TTFT percentile of prompts prefilled on decode pods
     kv_usage: float | None = None  # decode: mean KV cache usage of ready engines, 0..1
     mean_context_tokens: float | None = None  # decode: mean context of running sequences
+    # decode: the percentile of the requests' mean time per output token (vLLM's
+    # request_time_per_output_token histogram), the SLO's own figure; held against the ITL target instead of
+    # the gaps' percentile (observed_seconds) when the engines export it
+    tpot_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -194,6 +204,7 @@ class RolePlan:
     latency_factor: float  # phi
     observed_seconds: float | None
     target_seconds: float
+    signal: str = ""  # the latency held against the target: TTFT (prefill), TPOT or ITL (decode)
 
 
 @dataclass(frozen=True)
@@ -234,6 +245,16 @@ class Planner:
         self._now = 0.0
         self._first: float | None = None
         self._state = {"prefill": _RoleState(), "decode": _RoleState()}
+        self._tpot_seen = False  # the decode engines export the requests' TPOT: hold it, not the gaps
+
+    def _decode_signal(self, signals: PoolSignals) -> tuple[str, float | None]:
+        """Which decode latency is held against the ITL target: the requests' TPOT once the engines have
+        given one (an interval in which no request finished then has no figure: no feedback, rather than
+        the stricter gaps' for a moment), else the token gaps' (engines without the per-request histogram)."""
+        self._tpot_seen = self._tpot_seen or signals.tpot_seconds is not None
+        if self._tpot_seen:
+            return "TPOT", signals.tpot_seconds
+        return "ITL", signals.observed_seconds
 
     def _forecast(self, role: str, signal: str, now: float, value: float) -> float:
         state = self._state[role]
@@ -280,13 +301,13 @@ class Planner:
         weight = self.settings.correction_weight
         state.correction = (1 - weight) * state.correction + weight * ratio
 
-    def _learn_spread(self, signals: PoolSignals, predicted_u: float) -> None:
+    def _learn_spread(self, observed: float | None, signals: PoolSignals, predicted_u: float) -> None:
         """Decode's capacity correction from the observed latency: a step of the continuous batch that
         carries a prefill chunk is long, so the target percentile of ITL sits above its mean (the mean-step
         model's figure). The spread, percentile / mean, learnt while the pool is loaded enough for it to
         mean something (`spread_min_load`), divides the room a replica has under the target."""
         s = self.settings
-        observed, mean = signals.observed_seconds, signals.mean_itl_seconds
+        mean = signals.mean_itl_seconds
         if observed is None or mean is None or mean <= 0 or predicted_u < s.spread_min_load:
             return
         state = self._state["decode"]
@@ -373,12 +394,11 @@ class Planner:
         if decode_ready > 0:
             self._correct("decode", observed_u, predicted_u)
         d_state = self._state["decode"]
+        d_signal, d_observed = self._decode_signal(obs.decode)
         ratios = [
             r
             for r in (
-                None
-                if obs.decode.observed_seconds is None
-                else obs.decode.observed_seconds / s.itl_target_seconds,
+                None if d_observed is None else d_observed / s.itl_target_seconds,
                 None
                 if obs.decode.direct_ttft_seconds is None
                 else obs.decode.direct_ttft_seconds / s.ttft_target_seconds,
@@ -388,7 +408,7 @@ class Planner:
         d_ratio = max(ratios) if ratios else None
         d_over = self._feedback("decode", d_ratio, decode_ready >= obs.decode.replicas > 0)
         mean_direct = obs.direct.prompt_tokens / obs.direct.prompts if obs.direct.prompts else 256.0
-        self._learn_spread(obs.decode, predicted_u if decode_ready > 0 else 0.0)
+        self._learn_spread(d_observed, obs.decode, predicted_u if decode_ready > 0 else 0.0)
         # the mean step must leave the percentile (spread x the mean) under the target
         itl_cap = 1 - t0 * d_state.spread / (s.itl_fill * s.itl_target_seconds)
         d_cap = max(
@@ -498,6 +518,7 @@ class Planner:
             p_state.latency_factor,
             obs.prefill.observed_seconds,
             s.ttft_target_seconds,
+            "TTFT",
         )
         decode_plan = RolePlan(
             "decode",
@@ -515,19 +536,20 @@ class Planner:
                 d_forecast,
                 d_cap,
                 d_state,
-                obs.decode.observed_seconds,
+                d_observed,
                 s.itl_target_seconds,
-                "ITL",
+                d_signal,
             )
-            + (f", ITL spread {d_state.spread:.2f}" if d_state.spread > 1.005 else "")
+            + (f", {d_signal} spread {d_state.spread:.2f}" if d_state.spread > 1.005 else "")
             + (f", KV needs {kv_replicas}" if kv_replicas > 1 else ""),
             d_work,
             d_forecast,
             d_cap,
             d_state.correction,
             d_state.latency_factor,
-            obs.decode.observed_seconds,
+            d_observed,
             s.itl_target_seconds,
+            d_signal,
         )
         return Plan(obs.now, prefill_plan, decode_plan)
 
@@ -591,6 +613,8 @@ class Planner:
         metric: str,
     ) -> str:
         seen = "no traffic" if observed is None else f"{observed * 1000:.0f}ms"
+        if metric == "TPOT":
+            metric = "TPOT (requests' mean ITL)"
         return (
             f"{current} -> {replicas} ({reason}; wants {wanted}): demand {demand:.2f}, forecast "
             f"{forecast:.2f} engine-s/s at {capacity:.2f} per replica, correction {state.correction:.2f}, "
@@ -600,9 +624,15 @@ class Planner:
     def _keep(self, obs: Observation, why: str) -> Plan:
         s = self.settings
         plans = []
-        for role, signals, bounds, target in (
-            ("prefill", obs.prefill, s.prefill, s.ttft_target_seconds),
-            ("decode", obs.decode, s.decode, s.itl_target_seconds),
+        for role, signals, bounds, target, (signal, observed) in (
+            (
+                "prefill",
+                obs.prefill,
+                s.prefill,
+                s.ttft_target_seconds,
+                ("TTFT", obs.prefill.observed_seconds),
+            ),
+            ("decode", obs.decode, s.decode, s.itl_target_seconds, self._decode_signal(obs.decode)),
         ):
             state = self._state[role]
             replicas = min(max(signals.replicas, bounds.min_replicas), bounds.max_replicas)
@@ -620,8 +650,9 @@ class Planner:
                     0.0,
                     state.correction,
                     state.latency_factor,
-                    signals.observed_seconds,
+                    observed,
                     target,
+                    signal,
                 )
             )
         return Plan(obs.now, plans[0], plans[1])

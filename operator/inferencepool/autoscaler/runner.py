@@ -48,6 +48,7 @@ from inferencepool.autoscaler.feed import (
 )
 from inferencepool.autoscaler.histogram import (
     ITL_METRIC,
+    TPOT_METRIC,
     TTFT_METRIC,
     Counts,
     Histogram,
@@ -106,6 +107,7 @@ class ScalingLimits:
 class _Role:
     recommender: Recommender = field(default_factory=Recommender)
     window: Window[Histogram] = field(default_factory=Window)
+    tpot_window: Window[Histogram] = field(default_factory=Window)  # decode, policy Planner
     load: Deltas[EngineSample] = field(default_factory=Deltas)  # policy Planner: the interval's counts
     due: float = 0.0
     observed_milliseconds: int | None = None
@@ -326,6 +328,9 @@ class PoolAutoscaler:
                 self._planner.model.kv_capacity_tokens,
             )
         )
+        if "decode" in roles:  # what the planner held: the requests' TPOT where the engines export it
+            seen = plan.decode.observed_seconds
+            self._roles["decode"].observed_milliseconds = None if seen is None else round(seen * 1000)
         for role in roles:
             autoscaling = planned(self.pool.spec, role)
             assert autoscaling is not None
@@ -356,9 +361,13 @@ class PoolAutoscaler:
                 samples[name] = sample
                 if sample.latency is not None:
                     state.window.add(name, now, sample.latency)
+            tpot = read_histogram(parsed, TPOT_METRIC) if role == "decode" else None
+            if tpot is not None:
+                state.tpot_window.add(name, now, tpot)
             if gauge is not None:
                 gauges.append(gauge)
         state.window.keep_only(ready_pods)
+        state.tpot_window.keep_only(ready_pods)
         latency = state.window.delta(now, window_seconds)
         observed = None if latency is None else latency.quantile(percentile / 100)
         state.observed_milliseconds = None if observed is None else round(observed * 1000)
@@ -369,6 +378,7 @@ class PoolAutoscaler:
             latency_window=latency,
             percentile=percentile,
             gauges=tuple(gauges),
+            tpot_window=state.tpot_window.delta(now, window_seconds),
         )
 
     async def _read_routers(self, now: float, window_seconds: float) -> RouterReading:

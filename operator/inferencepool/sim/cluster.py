@@ -67,7 +67,7 @@ from inferencepool.engine_sim.core import (
     TokenEvent,
 )
 from inferencepool.engine_sim.kv import CHUNK_TOKENS, SharedPrefixIndex, chunk_hashes
-from inferencepool.engine_sim.metrics import ITL_BUCKETS, TTFT_BUCKETS
+from inferencepool.engine_sim.metrics import ITL_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 from inferencepool.engine_sim.profiles import EngineProfile
 from inferencepool.router.config import AdaptiveThresholdConfig, PrefixAffinityConfig
 from inferencepool.router.pods import EngineRole, Pod, PodSet, PodSpec
@@ -280,6 +280,8 @@ class Replica:
     engine_arrival: dict[str, float] = field(default_factory=dict)
     ttft: _Latency = field(default_factory=lambda: _Latency(TTFT_BUCKETS))
     itl: _Latency = field(default_factory=lambda: _Latency(ITL_BUCKETS))
+    # vllm:request_time_per_output_token_seconds: each finished request's mean time per output token
+    tpot: _Latency = field(default_factory=lambda: _Latency(TPOT_BUCKETS))
 
     def ready(self, now: float) -> bool:
         return self.removed_at is None and now >= self.ready_at
@@ -370,6 +372,7 @@ class ClusterSim:
         self._ordinals = {"prefill": itertools.count(), "decode": itertools.count()}
         self.recommenders = {"prefill": Recommender(), "decode": Recommender()}
         self.windows: dict[PoolRole, Window[Histogram]] = {"prefill": Window(), "decode": Window()}
+        self.tpot_window: Window[Histogram] = Window()  # the planner's: the decode pool's requests' TPOT
         self.timeline: list[tuple[float, int, int, int, int]] = []
         self.thresholds: list[tuple[float, int]] = [(0.0, self.threshold)]
         self.scaling: list[ScalingEvent] = []
@@ -966,6 +969,7 @@ class ClusterSim:
             self._leg_finished(replica, request_id, record, now)
 
     def _leg_finished(self, replica: Replica, request_id: str, record: RequestRecord, now: float) -> None:
+        replica.tpot.observe(record.mean_itl)  # the engine's figure: its first to last token over the gaps
         replica.legs.pop(request_id)
         replica.engine_arrival.pop(request_id)
         replica.last_token.pop(request_id)
@@ -1056,14 +1060,17 @@ class ClusterSim:
         self._sync_pods()
         self._record_replicas()
 
-    def _observed(self, role: PoolRole, window_seconds: float, percentile: float) -> float | None:
-        """The pool's latency percentile over the window, read as the runner reads it (vLLM histograms)."""
+    def _observed(
+        self, role: PoolRole, window_seconds: float, percentile: float, tpot: bool = False
+    ) -> float | None:
+        """The pool's latency percentile over the window, read as the runner reads it (vLLM histograms):
+        TTFT (prefill), the token gaps (decode) or, with `tpot`, the decode requests' mean time per output
+        token (vllm:request_time_per_output_token_seconds)."""
         ready = [r for r in self._members(role) if r.ready(self.now)]
-        window = self.windows[role]
+        window = self.tpot_window if tpot else self.windows[role]
         for replica in ready:
-            window.add(
-                replica.name, self.now, replica.ttft.scrape() if role == "prefill" else replica.itl.scrape()
-            )
+            latency = replica.ttft if role == "prefill" else replica.tpot if tpot else replica.itl
+            window.add(replica.name, self.now, latency.scrape())
         window.keep_only({r.name for r in ready})
         change = window.delta(self.now, window_seconds)
         return None if change is None else change.quantile(percentile / 100)
@@ -1116,6 +1123,7 @@ class ClusterSim:
                 len(members["decode"]),
                 len(decode_ready),
                 observed_seconds=self._observed("decode", scaling.window_seconds, scaling.percentile),
+                tpot_seconds=self._observed("decode", scaling.window_seconds, scaling.percentile, tpot=True),
                 mean_itl_seconds=self._itl_sum / self._itl_count if self._itl_count else None,
                 direct_ttft_seconds=direct_ttft,
                 kv_usage=(
