@@ -77,3 +77,35 @@ def test_planner_and_latency_rule_are_exclusive() -> None:
     with pytest.raises(ValueError, match="needs at least one prefill replica"):
         Scenario("zero", "LengthAware", 0, 1, planner=planned(1))
     assert Scenario("zero", "LengthAware", 0, 1, planner=planned(0)).prefill_replicas == 0
+
+
+def test_the_planner_holds_the_decode_requests_tpot_read_from_vllm_s_histogram() -> None:
+    """The simulated decode engines observe each finished request's mean time per output token into
+    vllm:request_time_per_output_token_seconds; the planner's decode signal is that histogram's p90 over
+    the window, in the bucket of the exact p90 of the requests that finished in it."""
+    from dataclasses import replace
+
+    from inferencepool.engine_sim.metrics import TPOT_BUCKETS
+    from inferencepool.router.threshold import percentile
+
+    scaling = planned(1)
+    fixed = replace(scaling.settings, prefill=RoleBounds(1, 1), decode=RoleBounds(1, 1))
+    trace = [TraceRequest(i * 0.1, 600 + 37 * (i % 9), 40 + 13 * (i % 7)) for i in range(600)]
+    scenario = Scenario("plan", "LengthAware", 1, 1, 4096, planner=replace(scaling, settings=fixed))
+    result = simulate(scenario, H100, trace)
+    first = next(i for i, plan in enumerate(result.plans) if plan.decode.signal == "TPOT")
+    assert first <= 1  # from the second scrape of the engines on
+    assert all(plan.decode.signal == "TPOT" for plan in result.plans[first:])
+    held = [plan for plan in result.plans[first:] if plan.decode.observed_seconds is not None]
+    assert len(held) >= 8
+    bounds = (0.0, *TPOT_BUCKETS, float("inf"))
+    for plan in held[2:]:
+        finished = [
+            r.mean_itl
+            for r in result.records
+            if r.finish is not None and plan.now - 10 < r.finish <= plan.now
+        ]
+        exact = percentile(finished, 90)
+        upper = next(i for i, b in enumerate(bounds) if b >= exact)
+        assert bounds[upper - 1] <= plan.decode.observed_seconds <= bounds[upper]  # type: ignore[operator]
+        assert "TPOT (requests' mean ITL)" in plan.decode.message
