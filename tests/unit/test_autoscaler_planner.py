@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -493,3 +494,17 @@ def test_missing_metrics_name_the_decode_signal_kept() -> None:
     assert kept.decode.reason == p.MISSING_METRICS
     assert (kept.decode.signal, kept.decode.observed_seconds) == ("TPOT", 0.02)
     assert (kept.prefill.signal, kept.prefill.observed_seconds) == ("TTFT", None)
+
+
+def test_prompts_bypassing_a_busy_prefill_pool_size_prefill_not_decode() -> None:
+    """Two 4,000-token prompts a second meant for the prefill pool, one of them sent direct because the pool
+    was busy: both are prefill demand (2 x 0.5 s / (2/3) = 2 replicas), none is decode's; the decode pods
+    did the bypassed one's work, so with a busy share that matches it the correction stays 1."""
+    base = observe(15, 2.0, decode=1, generated_per_s=1000, mean_itl=0.01 / (1 - 0.6))
+    bypassed = p.RouteLoad(round(INTERVAL), round(INTERVAL) * 4000)
+    plan = p.Planner(settings(), MODEL).decide(replace(base, bypassed=bypassed))
+    assert plan.prefill.demand == pytest.approx(1.0) and plan.prefill.replicas == 2
+    assert plan.decode.demand == pytest.approx(0.1)  # 1,000 tokens/s x 0.1 ms; the bypassed 0.5 s is not here
+    assert plan.decode.correction == pytest.approx(1.0)  # observed 0.6 = predicted 0.1 + 0.5
+    unexplained = p.Planner(settings(), MODEL).decide(base)  # the same busy share without the bypass
+    assert unexplained.decode.correction == pytest.approx(1.3)  # one step (0.3) toward the bound, 2

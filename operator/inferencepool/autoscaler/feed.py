@@ -12,7 +12,10 @@ Per engine pod, each decision interval:
   pool's KV in use, and its mean context (KV in use over running sequences).
 Per router pod: requests and prompt tokens by route (`inferencepool_router_requests`,
 `inferencepool_router_routed_prompt_tokens`), differenced the same way, and the TTFT of direct prompts
-(route="direct") over the percentile window.
+(route="direct") over the percentile window; and the prompts the router sent direct only because the prefill
+pool was busy (`inferencepool_router_disaggregation_decisions{reason="prefill_busy"}` and
+`..._decision_prompt_tokens`): they count as demand for the prefill pool, not for decode (the policy wanted
+them prefilled there), and as work the decode pods did.
 
 The prefill engines' own count of the prompt tokens they computed (prompt tokens less prefix-cache hits, local
 or external) stands for the disaggregated route's tokens where they were read: the engines tokenize, the
@@ -25,7 +28,7 @@ engines' beyond those are the direct route's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic
 
 from inferencepool.autoscaler.histogram import (
@@ -47,6 +50,9 @@ KV_USAGE = "vllm:kv_cache_usage_perc"
 ROUTER_REQUESTS = "inferencepool_router_requests"
 ROUTER_PROMPT_TOKENS = "inferencepool_router_routed_prompt_tokens"
 ROUTER_TTFT = "inferencepool_router_time_to_first_token_seconds"
+ROUTER_DECISIONS = "inferencepool_router_disaggregation_decisions"
+ROUTER_DECISION_TOKENS = "inferencepool_router_disaggregation_decision_prompt_tokens"
+BYPASS_REASON = "prefill_busy"  # long prompts sent direct because the prefill pool's queue was too long
 ROUTES = ("direct", "disaggregated", "fallback")
 
 
@@ -140,12 +146,17 @@ class RouterSample:
 
     requests: Counts
     prompt_tokens: Counts | None
+    # (requests, prompt tokens) sent direct because the prefill pool was busy; a detail of `requests`
+    bypassed: Counts | None = field(default=None, compare=False)
 
     def minus(self, earlier: RouterSample) -> RouterSample:
         tokens = self.prompt_tokens
         if tokens is not None and earlier.prompt_tokens is not None:
             tokens = tokens.minus(earlier.prompt_tokens)
-        return RouterSample(self.requests.minus(earlier.requests), tokens)
+        bypassed = self.bypassed
+        if bypassed is not None and earlier.bypassed is not None:
+            bypassed = bypassed.minus(earlier.bypassed)
+        return RouterSample(self.requests.minus(earlier.requests), tokens, bypassed)
 
     def plus(self, other: RouterSample) -> RouterSample:
         tokens = (
@@ -153,7 +164,10 @@ class RouterSample:
             if self.prompt_tokens is None or other.prompt_tokens is None
             else self.prompt_tokens.plus(other.prompt_tokens)
         )
-        return RouterSample(self.requests.plus(other.requests), tokens)
+        bypassed = (
+            None if self.bypassed is None or other.bypassed is None else self.bypassed.plus(other.bypassed)
+        )
+        return RouterSample(self.requests.plus(other.requests), tokens, bypassed)
 
 
 def read_router(page: Page) -> tuple[RouterSample | None, Histogram | None]:
@@ -161,13 +175,20 @@ def read_router(page: Page) -> tuple[RouterSample | None, Histogram | None]:
     direct route (None without it)."""
     requests = read_counts(page, ROUTER_REQUESTS, "route", ROUTES)
     tokens = read_counts(page, ROUTER_PROMPT_TOKENS, "route", ROUTES)
+    decisions = read_counts(page, ROUTER_DECISIONS, "reason", (BYPASS_REASON,))
+    decision_tokens = read_counts(page, ROUTER_DECISION_TOKENS, "reason", (BYPASS_REASON,))
+    bypassed = (
+        None
+        if decisions is None or decision_tokens is None
+        else Counts((*decisions.values, *decision_tokens.values))
+    )
     ttft = page.get(ROUTER_TTFT)
     direct = (
         None
         if ttft is None
         else read_histogram({ROUTER_TTFT: [s for s in ttft if s[1].get("route") == "direct"]}, ROUTER_TTFT)
     )
-    return (None if requests is None else RouterSample(requests, tokens)), direct
+    return (None if requests is None else RouterSample(requests, tokens, bypassed)), direct
 
 
 class Deltas(Generic[Sample]):
@@ -218,7 +239,7 @@ def observation(
 ) -> Observation:
     """The planner's input. What is not known stays None (the planner keeps the replicas when the load is
     unknown, and skips a correction it has no figure for)."""
-    to_prefill, direct = _routes(router.load, prefill.load, decode.load)
+    to_prefill, direct, bypassed = _routes(router.load, prefill.load, decode.load)
     kv_usage = mean_context = None
     if decode.gauges:
         kv_usage = sum(g.kv_usage for g in decode.gauges) / len(decode.gauges)
@@ -231,6 +252,7 @@ def observation(
         interval_seconds=interval_seconds,
         to_prefill=to_prefill,
         direct=direct,
+        bypassed=bypassed,
         generated_tokens=None if decode.load is None else round(decode.load.generation_tokens),
         prefill=PoolSignals(
             prefill.replicas,
@@ -256,28 +278,40 @@ def _quantile(histogram: Histogram | None, percentile: int) -> float | None:
 
 def _routes(
     router: RouterSample | None, prefill: EngineSample | None, decode: EngineSample | None
-) -> tuple[RouteLoad | None, RouteLoad | None]:
-    """(to the prefill pool, direct) prompts and their tokens over the interval."""
+) -> tuple[RouteLoad | None, RouteLoad | None, RouteLoad | None]:
+    """(to the prefill pool, direct, bypassed) prompts and their tokens over the interval. Bypassed prompts
+    (sent direct because the prefill pool was busy) are in the first, not the second."""
     if router is None:
-        return None, None
+        return None, None, None
     n_direct, n_disaggregated, n_fallback = (round(v) for v in router.requests.values)
     if router.prompt_tokens is not None:
         t_direct, t_disaggregated, t_fallback = (round(v) for v in router.prompt_tokens.values)
         if prefill is not None and n_disaggregated:
             # the prefill engines' own count: exact, where the router may only estimate
             t_disaggregated = round(prefill.computed_tokens)
+        bypassed = None
+        if router.bypassed is not None:
+            # counted at the decision, the route at its decode leg: never more than the direct route's
+            n_bypassed = min(n_direct, round(router.bypassed.values[0]))
+            t_bypassed = min(t_direct, round(router.bypassed.values[1]))
+            bypassed = RouteLoad(n_bypassed, t_bypassed)
+            n_direct, t_direct = n_direct - n_bypassed, t_direct - t_bypassed
+            n_fallback, t_fallback = n_fallback + n_bypassed, t_fallback + t_bypassed
         return (
             RouteLoad(n_disaggregated + n_fallback, t_disaggregated + t_fallback),
             RouteLoad(n_direct, t_direct),
+            bypassed,
         )
     # An older router: the tokens from the engines (a prefill pod prefills only disaggregated prompts, a
     # decode pod counts every prompt it serves); fallback prompts at the disaggregated mean.
     if decode is None or (n_disaggregated and prefill is None):
-        return None, None
+        return None, None, None
     disaggregated = prefill.computed_tokens if prefill is not None and n_disaggregated else 0.0
     mean = disaggregated / n_disaggregated if n_disaggregated else 0.0
     fallback = mean * n_fallback
     remaining = max(0.0, decode.prompt_tokens - disaggregated - fallback)
-    return RouteLoad(n_disaggregated + n_fallback, round(disaggregated + fallback)), RouteLoad(
-        n_direct, round(remaining)
+    return (
+        RouteLoad(n_disaggregated + n_fallback, round(disaggregated + fallback)),
+        RouteLoad(n_direct, round(remaining)),
+        None,
     )

@@ -10,7 +10,9 @@ Every interval the caller passes an `Observation` (what the router and the engin
 status, events and logs. Time is passed in; nothing here reads a clock or does I/O.
 
 Demand, in engine-seconds of work per second (`capacity.CapacityModel`):
-- W_p: the prefill work of the prompts the routing policy sends, or wanted to send, to the prefill pool;
+- W_p: the prefill work of the prompts the routing policy sends, or wanted to send, to the prefill pool
+  (prompts it sent direct only because the prefill pool was busy count here, and in the decode pods'
+  predicted utilisation, not in decode's demand);
 - W_d: the prefill work of the prompts prefilled on decode pods (short prompts, routed direct);
 - G: generated tokens per second, each costing delta (the per-sequence step cost at the mean context);
 - KV: the decode pool's KV in use, which must fit in kv_fill of its capacity.
@@ -184,6 +186,9 @@ class Observation:
     generated_tokens: int | None
     prefill: PoolSignals
     decode: PoolSignals
+    # of to_prefill, the prompts the router sent direct because the prefill pool was busy: prefill demand,
+    # but work the decode pods did (their predicted utilisation, for the correction, counts it)
+    bypassed: RouteLoad | None = None
 
 
 @dataclass(frozen=True)
@@ -385,7 +390,9 @@ class Planner:
             context = tokens / total if total else 1024.0
         t0, delta = model.decode_step(context)
         decode_ready = obs.decode.ready
-        predicted_u = (w_d + delta * generated + (w_p if prefill_ready == 0 else 0.0)) / max(decode_ready, 1)
+        w_bypassed = 0.0 if obs.bypassed is None else obs.bypassed.work(model) / interval
+        on_decode = w_p if prefill_ready == 0 else w_bypassed  # prefill work the decode pods did
+        predicted_u = (w_d + delta * generated + on_decode) / max(decode_ready, 1)
         observed_u = (
             None
             if obs.decode.mean_itl_seconds is None or obs.decode.mean_itl_seconds <= 0

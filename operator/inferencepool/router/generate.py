@@ -91,6 +91,7 @@ class Orchestrator:
         costs = route_costs(speed, uncached, prefill_pod, decode_pod, self._ttft_target, self._itl_target)
         route, reason = choose_route_by_cost(policy, costs, self.threshold.threshold, prefill_ready, tokens)
         self.metrics.decisions_by_reason[reason].inc()
+        self.metrics.decision_tokens_by_reason[reason].inc(tokens)
         speed.observe_prompt(uncached)
         if route is Route.FALLBACK:
             self.metrics.fallbacks.labels("no_prefill_pod").inc()

@@ -169,6 +169,13 @@ class RouterMetrics:
             ["reason"],
             registry=registry,
         )
+        self.decision_prompt_tokens = Counter(
+            f"{PREFIX}_disaggregation_decision_prompt_tokens",
+            "Prompt tokens of the route decisions, by reason (prefill_busy: prompts the prefill pool should "
+            "have taken, prefilled on decode pods; the autoscaler counts them as prefill demand)",
+            ["reason"],
+            registry=registry,
+        )
         self.retries = Counter(
             f"{PREFIX}_retries",
             "Legs retried on another pod after a connection failure",
@@ -204,6 +211,9 @@ class RouterMetrics:
             route: self.routed_prompt_tokens.labels(route.value) for route in Route
         }
         self.decisions_by_reason = {reason: self.decisions.labels(reason.value) for reason in RouteReason}
+        self.decision_tokens_by_reason = {
+            reason: self.decision_prompt_tokens.labels(reason.value) for reason in RouteReason
+        }
         self.ttft_by_route = {route: self.ttft.labels(route.value) for route in Route}
         self.itl_by_route = {route: self.itl.labels(route.value) for route in Route}
         for reason in (
