@@ -508,3 +508,26 @@ def test_prompts_bypassing_a_busy_prefill_pool_size_prefill_not_decode() -> None
     assert plan.decode.correction == pytest.approx(1.0)  # observed 0.6 = predicted 0.1 + 0.5
     unexplained = p.Planner(settings(), MODEL).decide(base)  # the same busy share without the bypass
     assert unexplained.decode.correction == pytest.approx(1.3)  # one step (0.3) toward the bound, 2
+
+
+def test_a_tpot_read_inside_a_bucket_wholly_under_the_target_teaches_no_spread() -> None:
+    """vLLM's buckets are 10, 25, 50 ms: requests clustered at 12 ms read as a p90 near 23.5 ms (linear
+    inside 10-25). Under a 50 ms target that bucket only says the pool meets it, so the spread is not learnt
+    from it (room stays 0.8); the same reading in a bucket reaching the target (25-50) is learnt from."""
+    from inferencepool.autoscaler.histogram import Histogram
+
+    clustered = Histogram((0.01, 0.025, 0.05, math.inf), (0, 100, 100, 100), 1.2)
+    assert clustered.quantile(0.9) == pytest.approx(0.0235) and clustered.bucket_top(0.9) == 0.025
+    assert Histogram((0.01, math.inf), (0, 0), 0.0).bucket_top(0.9) is None
+
+    def after(top: float) -> p.RolePlan:
+        planner = p.Planner(settings(trend_seconds=1.0, peak_seconds=0.0), MODEL)
+        for i in range(25):
+            obs = observe(INTERVAL * (i + 1), 0.0, generated_per_s=5000, mean_itl=0.0118, tpot=0.0235)
+            planner.decide(replace(obs, decode=replace(obs.decode, tpot_bucket_top_seconds=top)))
+        return planner.decide(observe(INTERVAL * 26, 0.0, generated_per_s=7000)).decode
+
+    unresolved = after(0.025)
+    assert unresolved.capacity_per_replica == pytest.approx(0.8) and "spread" not in unresolved.message
+    resolved = after(0.05)
+    assert resolved.capacity_per_replica < 0.7 and "TPOT spread 1.9" in resolved.message

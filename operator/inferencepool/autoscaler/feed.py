@@ -264,6 +264,9 @@ def observation(
             decode.ready,
             observed_seconds=_quantile(decode.latency_window, decode.percentile),
             tpot_seconds=_quantile(decode.tpot_window, decode.percentile),
+            tpot_bucket_top_seconds=None
+            if decode.tpot_window is None
+            else decode.tpot_window.bucket_top(decode.percentile / 100),
             mean_itl_seconds=itl.sum / itl.count if itl is not None and itl.count > 0 else None,
             direct_ttft_seconds=_quantile(router.direct_ttft_window, prefill.percentile),
             kv_usage=kv_usage,

@@ -81,6 +81,18 @@ class Histogram:
             lower_bound, lower_count = bound, cumulative
         return lower_bound
 
+    def bucket_top(self, q: float) -> float | None:
+        """The upper bound of the bucket holding the q-quantile's rank (how far `quantile`'s interpolation
+        may be off: the true quantile lies in that bucket); None without observations."""
+        total = self.count
+        if total <= 0:
+            return None
+        rank = q * total
+        for bound, cumulative in zip(self.bounds, self.counts, strict=True):
+            if cumulative >= rank:
+                return bound
+        return self.bounds[-1]
+
 
 # A parsed metrics page: family name -> its samples (name, labels, value).
 Page = dict[str, list[tuple[str, dict[str, str], float]]]

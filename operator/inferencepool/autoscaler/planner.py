@@ -175,6 +175,10 @@ class PoolSignals:
     # request_time_per_output_token histogram), the SLO's own figure; held against the ITL target instead of
     # the gaps' percentile (observed_seconds) when the engines export it
     tpot_seconds: float | None = None
+    # the upper bound of the histogram bucket that holds that percentile: below the target, the reading is
+    # interpolated inside a bucket wholly under it (vLLM's ITL buckets are 10, 25, 50 ms...), so it says only
+    # that the pool meets the target, not by how much
+    tpot_bucket_top_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -310,11 +314,18 @@ class Planner:
         """Decode's capacity correction from the observed latency: a step of the continuous batch that
         carries a prefill chunk is long, so the target percentile of ITL sits above its mean (the mean-step
         model's figure). The spread, percentile / mean, learnt while the pool is loaded enough for it to
-        mean something (`spread_min_load`), divides the room a replica has under the target."""
+        mean something (`spread_min_load`), divides the room a replica has under the target. A TPOT
+        percentile read inside a histogram bucket wholly under the target is not learnt from: linear
+        interpolation inside a wide bucket (10-25 ms) puts a clustered distribution's percentile near the
+        bucket's top, a spread the pool does not have; the spread is learnt where the bucket reaches the
+        target, and the latency feedback guards the rest."""
         s = self.settings
         mean = signals.mean_itl_seconds
         if observed is None or mean is None or mean <= 0 or predicted_u < s.spread_min_load:
             return
+        top = signals.tpot_bucket_top_seconds if observed == signals.tpot_seconds else None
+        if top is not None and top < s.itl_target_seconds:
+            return  # read inside a bucket wholly under the target: the percentile is not resolved there
         state = self._state["decode"]
         ratio = min(s.spread_max, max(1.0, observed / mean))
         state.spread = (1 - s.spread_weight) * state.spread + s.spread_weight * ratio

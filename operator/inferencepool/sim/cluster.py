@@ -1062,7 +1062,7 @@ class ClusterSim:
 
     def _observed(
         self, role: PoolRole, window_seconds: float, percentile: float, tpot: bool = False
-    ) -> float | None:
+    ) -> tuple[float | None, float | None]:
         """The pool's latency percentile over the window, read as the runner reads it (vLLM histograms):
         TTFT (prefill), the token gaps (decode) or, with `tpot`, the decode requests' mean time per output
         token (vllm:request_time_per_output_token_seconds)."""
@@ -1073,7 +1073,9 @@ class ClusterSim:
             window.add(replica.name, self.now, latency.scrape())
         window.keep_only({r.name for r in ready})
         change = window.delta(self.now, window_seconds)
-        return None if change is None else change.quantile(percentile / 100)
+        if change is None:
+            return None, None
+        return change.quantile(percentile / 100), change.bucket_top(percentile / 100)
 
     def _plan(self) -> None:
         planner, scaling = self._planner, self.scenario.planner
@@ -1107,6 +1109,7 @@ class ClusterSim:
                 most = max(most, total)
             return most
 
+        tpot, tpot_top = self._observed("decode", scaling.window_seconds, scaling.percentile, tpot=True)
         observation = Observation(
             now=self.now,
             interval_seconds=settings.interval_seconds,
@@ -1116,14 +1119,15 @@ class ClusterSim:
             prefill=PoolSignals(
                 len(members["prefill"]),
                 len(ready["prefill"]),
-                observed_seconds=self._observed("prefill", scaling.window_seconds, scaling.percentile),
+                observed_seconds=self._observed("prefill", scaling.window_seconds, scaling.percentile)[0],
                 busy_fraction=sum(busy) / len(busy) if busy else None,
             ),
             decode=PoolSignals(
                 len(members["decode"]),
                 len(decode_ready),
-                observed_seconds=self._observed("decode", scaling.window_seconds, scaling.percentile),
-                tpot_seconds=self._observed("decode", scaling.window_seconds, scaling.percentile, tpot=True),
+                observed_seconds=self._observed("decode", scaling.window_seconds, scaling.percentile)[0],
+                tpot_seconds=tpot,
+                tpot_bucket_top_seconds=tpot_top,
                 mean_itl_seconds=self._itl_sum / self._itl_count if self._itl_count else None,
                 direct_ttft_seconds=direct_ttft,
                 kv_usage=(
