@@ -531,3 +531,18 @@ def test_a_tpot_read_inside_a_bucket_wholly_under_the_target_teaches_no_spread()
     assert unresolved.capacity_per_replica == pytest.approx(0.8) and "spread" not in unresolved.message
     resolved = after(0.05)
     assert resolved.capacity_per_replica < 0.7 and "TPOT spread 1.9" in resolved.message
+
+
+def test_a_tpot_over_the_target_raises_the_latency_factor_not_the_spread() -> None:
+    """A saturated pool's requests queue: the miss (75 ms against 50) is the latency factor's to correct,
+    and the spread is not learnt from it (learning both would count the miss twice)."""
+    planner = p.Planner(settings(trend_seconds=1.0, peak_seconds=0.0), MODEL)
+    obs = observe(15, 0.0, generated_per_s=5000, mean_itl=0.02, tpot=0.075)
+    plan = planner.decide(replace(obs, decode=replace(obs.decode, tpot_bucket_top_seconds=0.075)))
+    assert plan.decode.latency_factor == pytest.approx(1.5) and plan.decode.reason == p.LATENCY_GUARD
+    assert "spread" not in plan.decode.message
+    gaps = p.Planner(settings(trend_seconds=1.0, peak_seconds=0.0), MODEL)
+    assert (
+        "ITL spread"
+        in gaps.decide(observe(15, 0.0, generated_per_s=5000, mean_itl=0.02, itl=0.075)).decode.message
+    )

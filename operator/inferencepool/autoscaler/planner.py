@@ -318,14 +318,19 @@ class Planner:
         percentile read inside a histogram bucket wholly under the target is not learnt from: linear
         interpolation inside a wide bucket (10-25 ms) puts a clustered distribution's percentile near the
         bucket's top, a spread the pool does not have; the spread is learnt where the bucket reaches the
-        target, and the latency feedback guards the rest."""
+        target and the pool is within it. Over the target the latency factor corrects: a saturated pool's
+        requests queue behind each other, which is not the spread of a loaded one, and learning both would
+        count the miss twice."""
         s = self.settings
         mean = signals.mean_itl_seconds
         if observed is None or mean is None or mean <= 0 or predicted_u < s.spread_min_load:
             return
-        top = signals.tpot_bucket_top_seconds if observed == signals.tpot_seconds else None
-        if top is not None and top < s.itl_target_seconds:
-            return  # read inside a bucket wholly under the target: the percentile is not resolved there
+        if observed == signals.tpot_seconds:
+            top = signals.tpot_bucket_top_seconds
+            if top is not None and top < s.itl_target_seconds:
+                return  # read inside a bucket wholly under the target: the percentile is not resolved there
+            if observed > s.itl_target_seconds * (1 + s.latency_tolerance):
+                return  # over the target the latency factor corrects (a saturated pool queues: no spread)
         state = self._state["decode"]
         ratio = min(s.spread_max, max(1.0, observed / mean))
         state.spread = (1 - s.spread_weight) * state.spread + s.spread_weight * ratio
