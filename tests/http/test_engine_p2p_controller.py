@@ -5,6 +5,8 @@ counters LMCache exports (and the fake's p2p counters) show it on both sides."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from collections.abc import Callable
 
 import aiohttp
@@ -112,6 +114,13 @@ async def test_an_engine_gone_from_the_controller_is_not_asked() -> None:
         assert await metric(http, b.url, "fake_engine:lmcache_p2p_hit_tokens_total") == 0
 
 
+def hold_port(host: str, port: int) -> socket.socket:
+    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    held.bind((host, port))
+    held.listen(1)
+    return held
+
+
 async def test_without_a_controller_an_engine_serves_and_computes_locally() -> None:
     """LMCache 0.5.6 tries to register once (30 s by default): an engine whose controller never answers
     reports nothing, and its lookups fail over to computing the prompt."""
@@ -121,7 +130,15 @@ async def test_without_a_controller_an_engine_serves_and_computes_locally() -> N
     ):
         dead = p2p_config(controller, "lonely", recv_timeout_s=0.2, send_timeout_s=0.2)
         await controller.stop()  # its ports stay named in the config, nobody answers there
-        async with running_engine("cpu-demo", MODEL, time_scale=0.05, lmcache=SETTINGS, p2p=dead) as engine:
+        # hold the freed ports (listening, never answering), or the engine's own sockets may be given one of
+        # them and answer its registration themselves
+        held = [hold_port(controller.host, port) for port in (controller.pull_port, controller.reply_port)]
+        async with (
+            running_engine("cpu-demo", MODEL, time_scale=0.05, lmcache=SETTINGS, p2p=dead) as engine,
+            contextlib.AsyncExitStack() as stack,
+        ):
+            for sock in held:
+                stack.callback(sock.close)
             p2p = engine.engine.p2p
             assert p2p is not None
             await eventually(lambda: p2p.registration_failed is not None)
