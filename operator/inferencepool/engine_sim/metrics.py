@@ -7,7 +7,7 @@ state. Each engine gets its own registry, so several engines can live in one pro
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -46,6 +46,14 @@ def request_tpot(first_token: float, last_token: float, generated: int) -> float
     return (last_token - first_token) / (generated - 1) if generated - 1 > 0 else 0.0
 
 
+def _counters(specs: Iterable[tuple[str, str, float]], labels: Sequence[str]) -> Iterator[Metric]:
+    """One counter family per (name, documentation, value), with one sample under `labels`."""
+    for name, doc, value in specs:
+        counter = CounterMetricFamily(name, doc, labels=LABELS)
+        counter.add_metric(labels, value)
+        yield counter
+
+
 class _CoreCollector(Collector):
     def __init__(self, core: EngineCore, labels: tuple[str, str], model: str) -> None:
         self._core = core
@@ -79,10 +87,7 @@ class _CoreCollector(Collector):
              "number of cached tokens.", stats.external_prefix_cache_hits),
             ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", stats.preemptions),
         )  # fmt: skip
-        for name, doc, value in counters:
-            counter = CounterMetricFamily(name, doc, labels=LABELS)
-            counter.add_metric(values, value)
-            yield counter
+        yield from _counters(counters, values)
         success = CounterMetricFamily(
             "vllm:request_success",
             "Count of successfully processed requests.",
@@ -123,10 +128,7 @@ class _CoreCollector(Collector):
              "Tokens of this engine's LMCache CPU tier sent to peer engines (p2p).",
              stats.lmcache_p2p_served_tokens),
         )  # fmt: skip
-        for name, doc, value in p2p:
-            counter = CounterMetricFamily(name, doc, labels=LABELS)
-            counter.add_metric(self._labels, value)
-            yield counter
+        yield from _counters(p2p, self._labels)
 
     def _nixl_counters(self) -> Iterator[Metric]:
         # NixlPromMetrics' counters (nixl/stats.py), exported from start as vLLM's per-engine children are.
@@ -140,10 +142,7 @@ class _CoreCollector(Collector):
              "Number of requests that had their KV expire. NOTE: This metric is tracked on the P instance.",
              stats.nixl_kv_expired_reqs),
         )  # fmt: skip
-        for name, doc, value in counters:
-            counter = CounterMetricFamily(name, doc, labels=LABELS)
-            counter.add_metric(self._labels, value)
-            yield counter
+        yield from _counters(counters, self._labels)
 
     def _pd_counters(self) -> Iterator[Metric]:
         # Not vLLM metrics: what the fake's LMCache PD emulation did (LMCache has its own, on another port).
@@ -158,10 +157,7 @@ class _CoreCollector(Collector):
             ("fake_engine:lmcache_pd_loaded_tokens", "Prompt tokens loaded from the PD buffer.",
              stats.pd_loaded_tokens),
         )  # fmt: skip
-        for name, doc, value in counters:
-            counter = CounterMetricFamily(name, doc, labels=LABELS)
-            counter.add_metric(self._labels, value)
-            yield counter
+        yield from _counters(counters, self._labels)
         buffer = self._core.pd_buffer
         if buffer is None:
             return
