@@ -143,8 +143,8 @@ def test_forecast_up_sizes_for_one_model_load_ahead(loads: list[float], expected
     assert plan.prefill.forecast > plan.prefill.demand or loads[0] == loads[-1]
 
 
-def test_forecast_down_one_step_at_a_time_after_the_peak_has_passed() -> None:
-    planner = p.Planner(settings(peak_seconds=60.0, trend_seconds=60.0), MODEL)
+def test_forecast_down_one_step_at_a_time_after_the_load_has_fallen() -> None:
+    planner = p.Planner(settings(recent_seconds=60.0, trend_seconds=60.0), MODEL)
     replicas, history = 3, []
     for i in range(16):
         load = 4.0 if i < 2 else 0.5
@@ -153,30 +153,33 @@ def test_forecast_down_one_step_at_a_time_after_the_peak_has_passed() -> None:
         replicas = plan.prefill.replicas
     counts = [r for r, _ in history]
     assert all(b >= a - 1 for a, b in itertools.pairwise(counts))  # never more than one down
-    assert counts[3] == 3  # the recent peak still holds the pool
+    assert counts[2] == 3  # the last minute's mean load still holds the pool after the drop
+    assert counts[3] == 2  # and lowers it as that mean falls, not as fast as the load fell
     assert counts[-1] == 1 and p.FORECAST_DOWN in {reason for _, reason in history}
 
 
 def test_scale_down_needs_room_for_the_margin() -> None:
     """38 prompts in 15 s are 1.27 s/s of work, 1.9 replicas at 2/3 each: 2 would do, but not with a 10%
     margin (2.09), so 3 stay; at 1.0 s/s (1.5 replicas, 1.65 with the margin) they go to 2."""
-    planner = p.Planner(settings(scale_down_margin=0.1, peak_seconds=0.0, trend_seconds=1.0), MODEL)
+    planner = p.Planner(settings(scale_down_margin=0.1, recent_seconds=0.0, trend_seconds=1.0), MODEL)
     kept = planner.decide(observe(15, 38 / 15, prefill=3)).prefill
     assert (kept.wanted, kept.replicas) == (3, 3)
     assert planner.decide(observe(30, 2.0, prefill=3)).prefill.replicas == 2
-    no_margin = p.Planner(settings(peak_seconds=0.0, trend_seconds=1.0), MODEL)
+    no_margin = p.Planner(settings(recent_seconds=0.0, trend_seconds=1.0), MODEL)
     assert no_margin.decide(observe(15, 38 / 15, prefill=3)).prefill.replicas == 2
 
 
 def test_no_scale_down_while_warming_up() -> None:
-    planner = p.Planner(settings(warmup_seconds=60.0, peak_seconds=0.0, trend_seconds=1.0), MODEL)
+    planner = p.Planner(settings(warmup_seconds=60.0, recent_seconds=0.0, trend_seconds=1.0), MODEL)
     early = planner.decide(observe(15, 0.0, prefill=3))
     assert (early.prefill.replicas, early.prefill.reason) == (3, p.SCALE_DOWN_DELAY)
     assert planner.decide(observe(90, 0.0, prefill=3)).prefill.replicas == 2
 
 
 def test_scale_down_waits_after_a_scale_up() -> None:
-    planner = p.Planner(settings(scale_down_delay_seconds=100.0, peak_seconds=0.0, trend_seconds=15.0), MODEL)
+    planner = p.Planner(
+        settings(scale_down_delay_seconds=100.0, recent_seconds=0.0, trend_seconds=15.0), MODEL
+    )
     up = planner.decide(observe(15, 4.0, prefill=1))
     assert up.prefill.replicas == 3
     down = planner.decide(observe(30, 0.1, prefill=3))
@@ -240,7 +243,9 @@ def test_prefill_goes_to_zero_and_comes_back() -> None:
     """At a 12.5 ms ITL target a decode pod has 1 - 10/12.5 = 0.2 of each second for prefill work, a prefill
     pod 2/3: the prefill pool stays only where it saves replicas in all."""
     planner = p.Planner(
-        settings(prefill=p.RoleBounds(0, 8), itl_target_seconds=0.0125, peak_seconds=0.0, trend_seconds=1.0),
+        settings(
+            prefill=p.RoleBounds(0, 8), itl_target_seconds=0.0125, recent_seconds=0.0, trend_seconds=1.0
+        ),
         MODEL,
     )
     quiet = planner.decide(observe(15, 0.1, prefill=1, decode=1))  # 0.05 s/s: 1 colocated vs 1 + 1
@@ -269,20 +274,37 @@ def test_missing_metrics_keep_the_pool() -> None:
     assert (idle.prefill.replicas, idle.decode.replicas) == (1, 2)
 
 
-def test_forecaster_trend_and_peak() -> None:
-    rising = Forecaster(trend_seconds=60, peak_seconds=0)
+def test_forecaster_trend_and_recent_level() -> None:
+    rising = Forecaster(trend_seconds=60, recent_seconds=0)
     for t in range(0, 61, 15):
         rising.observe(t, t / 15)  # +1 per 15 s
     result = rising.forecast(60, horizon=30)
     assert result is not None and result.trend == pytest.approx(6.0) and result.slope == pytest.approx(1 / 15)
-    falling = Forecaster(trend_seconds=60, peak_seconds=30)
+    falling = Forecaster(trend_seconds=60, recent_seconds=30)
     for t, v in ((0, 8.0), (15, 6.0), (30, 4.0), (45, 2.0), (60, 1.0)):
         falling.observe(t, v)
     result = falling.forecast(60, horizon=120)
-    assert result is not None and result.trend == 0.0 and result.value == result.peak == 4.0
+    # the line says zero; the forecast falls no faster than the load has: the mean of the last 30 s
+    assert (
+        result is not None and result.trend == 0.0 and result.value == result.recent == pytest.approx(7 / 3)
+    )
     assert Forecaster().forecast(0, 10) is None
     with pytest.raises(ValueError, match="time order"):
         falling.observe(10, 1.0)
+
+
+def test_a_steady_load_s_scatter_is_not_held_as_load() -> None:
+    """One interval's sample scatters around a steady level; holding the highest of the last minute's
+    samples would size the pool one scatter above its load all day."""
+    steady = Forecaster(trend_seconds=300, recent_seconds=60, min_trend_samples=4)
+    for i in range(40):
+        steady.observe(
+            15.0 * i, 2.0 + (0.4 if i % 4 == 0 else -0.4 / 3)
+        )  # level 2.0, one high sample a minute
+    result = steady.forecast(15.0 * 39, horizon=135)
+    assert result is not None
+    assert result.recent == pytest.approx(2.0, abs=0.05) and result.value == pytest.approx(2.0, abs=0.05)
+    assert result.value < 2.4 - 0.3  # not the highest sample
 
 
 def test_a_burst_shorter_than_a_model_load_is_held_for_the_burst_memory() -> None:
@@ -310,7 +332,7 @@ def test_a_burst_shorter_than_a_model_load_is_held_for_the_burst_memory() -> Non
 
 def test_a_trend_needs_enough_samples_and_none_is_read_while_warming_up() -> None:
     """Two or three points of a pool filling up from empty are no trend: sized for what was seen."""
-    short = Forecaster(trend_seconds=300, peak_seconds=0, min_trend_samples=4)
+    short = Forecaster(trend_seconds=300, recent_seconds=0, min_trend_samples=4)
     for t, v in ((15, 0.1), (30, 1.0), (45, 1.1)):
         short.observe(t, v)
     result = short.forecast(45, horizon=135)
@@ -346,7 +368,7 @@ def test_a_burst_is_remembered_above_the_level_it_came_on(
 ) -> None:
     """4,000-token prompts (0.5 s each) per second as the level; the burst window holds 6 s of work."""
     planner = p.Planner(
-        settings(burst_memory_seconds=600.0, burst_quantile=1.0, trend_seconds=30.0, peak_seconds=0.0),
+        settings(burst_memory_seconds=600.0, burst_quantile=1.0, trend_seconds=30.0, recent_seconds=0.0),
         MODEL,
     )
 
@@ -416,7 +438,7 @@ def test_the_itl_percentile_above_its_mean_corrects_a_decode_replica_s_room() ->
     Lightly loaded, the spread is not learnt."""
 
     def after(pairs: tuple[float, float, float], load: float) -> p.Plan:
-        planner = p.Planner(settings(trend_seconds=1.0, peak_seconds=0.0), MODEL)
+        planner = p.Planner(settings(trend_seconds=1.0, recent_seconds=0.0), MODEL)
         generated, mean, p90 = pairs
         for i in range(25):
             planner.decide(
@@ -440,7 +462,7 @@ def test_decode_holds_the_requests_tpot_not_the_gaps_when_the_engines_export_it(
     the target (60 ms) add a replica; the requests' TPOT under it (30 ms) does not."""
 
     def after(load: float, **signals: float) -> p.Plan:
-        planner = p.Planner(settings(trend_seconds=1.0, peak_seconds=0.0), MODEL)
+        planner = p.Planner(settings(trend_seconds=1.0, recent_seconds=0.0), MODEL)
         for i in range(25):
             planner.decide(observe(INTERVAL * (i + 1), 0.0, decode=1, generated_per_s=5000, **signals))
         return planner.decide(observe(INTERVAL * 26, 0.0, decode=1, generated_per_s=load))
@@ -476,7 +498,7 @@ def test_decode_still_scales_up_when_the_requests_tpot_misses() -> None:
     )
     assert loading.decode.latency_factor == 1.0 and loading.decode.reason != p.LATENCY_GUARD
     # a TPOT spread learnt while loaded shrinks the room as the gaps' would: 1 - 10 x 2 / 50 = 0.6
-    planner = p.Planner(settings(trend_seconds=1.0, peak_seconds=0.0), MODEL)
+    planner = p.Planner(settings(trend_seconds=1.0, recent_seconds=0.0), MODEL)
     for i in range(25):
         planner.decide(
             observe(INTERVAL * (i + 1), 0.0, generated_per_s=5000, mean_itl=0.02, itl=0.02, tpot=0.04)
@@ -521,7 +543,7 @@ def test_a_tpot_read_inside_a_bucket_wholly_under_the_target_teaches_no_spread()
     assert Histogram((0.01, math.inf), (0, 0), 0.0).bucket_top(0.9) is None
 
     def after(top: float) -> p.RolePlan:
-        planner = p.Planner(settings(trend_seconds=1.0, peak_seconds=0.0), MODEL)
+        planner = p.Planner(settings(trend_seconds=1.0, recent_seconds=0.0), MODEL)
         for i in range(25):
             obs = observe(INTERVAL * (i + 1), 0.0, generated_per_s=5000, mean_itl=0.0118, tpot=0.0235)
             planner.decide(replace(obs, decode=replace(obs.decode, tpot_bucket_top_seconds=top)))
@@ -536,12 +558,12 @@ def test_a_tpot_read_inside_a_bucket_wholly_under_the_target_teaches_no_spread()
 def test_a_tpot_over_the_target_raises_the_latency_factor_not_the_spread() -> None:
     """A saturated pool's requests queue: the miss (75 ms against 50) is the latency factor's to correct,
     and the spread is not learnt from it (learning both would count the miss twice)."""
-    planner = p.Planner(settings(trend_seconds=1.0, peak_seconds=0.0), MODEL)
+    planner = p.Planner(settings(trend_seconds=1.0, recent_seconds=0.0), MODEL)
     obs = observe(15, 0.0, generated_per_s=5000, mean_itl=0.02, tpot=0.075)
     plan = planner.decide(replace(obs, decode=replace(obs.decode, tpot_bucket_top_seconds=0.075)))
     assert plan.decode.latency_factor == pytest.approx(1.5) and plan.decode.reason == p.LATENCY_GUARD
     assert "spread" not in plan.decode.message
-    gaps = p.Planner(settings(trend_seconds=1.0, peak_seconds=0.0), MODEL)
+    gaps = p.Planner(settings(trend_seconds=1.0, recent_seconds=0.0), MODEL)
     assert (
         "ITL spread"
         in gaps.decide(observe(15, 0.0, generated_per_s=5000, mean_itl=0.02, itl=0.075)).decode.message

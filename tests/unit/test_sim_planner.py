@@ -25,7 +25,7 @@ def planned(prefill_min: int, load: float = 20.0, itl: float = 0.04) -> PlannerS
             interval_seconds=5,
             scale_down_delay_seconds=10,
             warmup_seconds=10,
-            peak_seconds=20,
+            recent_seconds=20,
             trend_seconds=30,
             burst_memory_seconds=30,
         ),

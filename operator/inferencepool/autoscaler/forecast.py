@@ -4,12 +4,16 @@ A new replica serves only after its model loads, so the planner sizes a pool for
 then, not now. The forecast of one signal is the larger of:
 - the trend: a least-squares line over the last `trend_seconds` of samples, read at now + horizon (never
   below zero),
-- the recent peak: the highest sample of the last `peak_seconds`, the latest one included (a burst that came
-  once comes again; holding it is what keeps a pool from shrinking into the next one, and a falling trend
-  lowers the forecast no faster than the load itself has fallen).
+- the recent level: the mean of the samples of the last `recent_seconds`, the latest one included (a falling
+  trend lowers the forecast no faster than the load itself has fallen, so a pool does not shrink ahead of
+  its load).
+The recent level is a mean, not the highest sample: one interval's sample of a steady load scatters around
+its level (prompt lengths vary, a request's tokens land in one interval or the next), and the highest of
+four such samples sits about one scatter above it, a margin held all day for noise. Bursts are held apart,
+by `BurstMemory` (the planner's burst hold), not by the forecast.
 With fewer than `min_trend_samples` samples in the trend window (a line through two or three points
 extrapolates noise, or a start-up ramp, into a surge), the forecast is the larger of the latest sample and
-the peak (or None: nothing is known yet).
+the recent level (or None: nothing is known yet).
 """
 
 from __future__ import annotations
@@ -24,18 +28,18 @@ class Forecast:
     value: float  # what the pool should be sized for at now + horizon (before headroom)
     latest: float
     trend: float  # the line at now + horizon
-    peak: float
+    recent: float  # the mean of the last recent_seconds
     slope: float  # per second
 
 
 class Forecaster:
     def __init__(
-        self, trend_seconds: float = 300.0, peak_seconds: float = 120.0, min_trend_samples: int = 2
+        self, trend_seconds: float = 300.0, recent_seconds: float = 120.0, min_trend_samples: int = 2
     ) -> None:
-        if trend_seconds <= 0 or peak_seconds < 0 or min_trend_samples < 2:
-            raise ValueError("trend_seconds must be > 0, peak_seconds >= 0 and min_trend_samples >= 2")
+        if trend_seconds <= 0 or recent_seconds < 0 or min_trend_samples < 2:
+            raise ValueError("trend_seconds must be > 0, recent_seconds >= 0 and min_trend_samples >= 2")
         self.trend_seconds = trend_seconds
-        self.peak_seconds = peak_seconds
+        self.recent_seconds = recent_seconds
         self.min_trend_samples = min_trend_samples
         self._samples: deque[tuple[float, float]] = deque()
 
@@ -43,7 +47,7 @@ class Forecaster:
         if self._samples and now < self._samples[-1][0]:
             raise ValueError(f"samples must come in time order: {now} after {self._samples[-1][0]}")
         self._samples.append((now, value))
-        keep = max(self.trend_seconds, self.peak_seconds)
+        keep = max(self.trend_seconds, self.recent_seconds)
         while self._samples and self._samples[0][0] < now - keep:
             self._samples.popleft()
 
@@ -51,17 +55,19 @@ class Forecaster:
         if not self._samples:
             return None
         latest = self._samples[-1][1]
-        recent = [(t, v) for t, v in self._samples if t >= now - self.trend_seconds]
-        peak = max((v for t, v in self._samples if t >= now - self.peak_seconds), default=latest)
-        if len(recent) < self.min_trend_samples:
-            return Forecast(max(latest, peak), latest, latest, peak, 0.0)
-        n = len(recent)
-        mean_t = sum(t for t, _ in recent) / n
-        mean_v = sum(v for _, v in recent) / n
-        spread = sum((t - mean_t) ** 2 for t, _ in recent)
-        slope = sum((t - mean_t) * (v - mean_v) for t, v in recent) / spread if spread > 0 else 0.0
+        window = [(t, v) for t, v in self._samples if t >= now - self.trend_seconds]
+        recent = self.mean(now, self.recent_seconds)
+        if recent is None:
+            recent = latest
+        if len(window) < self.min_trend_samples:
+            return Forecast(max(latest, recent), latest, latest, recent, 0.0)
+        n = len(window)
+        mean_t = sum(t for t, _ in window) / n
+        mean_v = sum(v for _, v in window) / n
+        spread = sum((t - mean_t) ** 2 for t, _ in window)
+        slope = sum((t - mean_t) * (v - mean_v) for t, v in window) / spread if spread > 0 else 0.0
         trend = max(0.0, mean_v + slope * (now + horizon - mean_t))
-        return Forecast(max(trend, peak), latest, trend, peak, slope)
+        return Forecast(max(trend, recent), latest, trend, recent, slope)
 
     def mean(self, now: float, seconds: float) -> float | None:
         """The mean sample of the last `seconds` (None: no sample in it)."""

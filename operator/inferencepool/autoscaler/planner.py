@@ -18,11 +18,11 @@ Demand, in engine-seconds of work per second (`capacity.CapacityModel`):
 - KV: the decode pool's KV in use, which must fit in kv_fill of its capacity.
 
 Forecast: the prefill pool's and the decode pool's demand one model load plus one interval ahead
-(`forecast.Forecaster`: trend and recent peak), times the correction, the latency factor and the headroom.
+(`forecast.Forecaster`: trend and recent level), times the correction, the latency factor and the headroom.
 Bursts shorter than a model load cannot be followed, so each role also holds enough to drain the q-quantile
-burst of the last half hour (the most prefill work that arrived within `burst_window_seconds`, as the
-router counts it, above the route's load level when it came) on top of today's level within the TTFT
-target.
+burst of the last half hour (q: the SLO's percentile; a burst: the most prefill work that arrived within
+`burst_window_seconds`, as the router counts it, above the route's load level when it came) on top of
+today's level within the TTFT target.
 
 Capacity of one replica at the target:
 - prefill: a utilisation cap from the TTFT target, M/D/1 style. With S the service time of the mean prompt,
@@ -102,7 +102,7 @@ class PlannerSettings:
     decode: RoleBounds
     model_load_seconds: float = 120.0
     interval_seconds: float = 15.0
-    headroom: float = 1.1
+    headroom: float = 1.0  # on the forecast; each role's capacity is already its capacity at the target
     max_utilisation: float = 0.9
     wait_factor: float = 1.0  # k: how many mean waits the TTFT target must leave room for
     kv_fill: float = 0.8
@@ -122,10 +122,12 @@ class PlannerSettings:
     spread_weight: float = 0.15  # smoothing of the spread (a 60 s percentile over a 15 s mean is noisy)
     trend_seconds: float = 300.0
     min_trend_samples: int = 4  # no trend read from fewer samples (a line through 2 or 3 extrapolates noise)
-    peak_seconds: float = 60.0  # hold the highest of the last samples (noise; bursts are held apart)
+    recent_seconds: float = 60.0  # the forecast's floor: the mean of the last samples (bursts held apart)
     burst_window_seconds: float = 2.0  # what the router's burst_work_seconds counts over
     burst_memory_seconds: float = 1800.0
-    burst_quantile: float = 0.99
+    # the SLO's percentile (spec target.percentile): ready for the burst that many intervals of the memory
+    # bring at most; a p90 contract does not pay all day for the one burst in a hundred
+    burst_quantile: float = 0.9
 
     def __post_init__(self) -> None:
         if self.ttft_target_seconds <= 0 or self.itl_target_seconds <= 0:
@@ -270,14 +272,14 @@ class Planner:
         forecaster = state.forecasters.get(signal)
         if forecaster is None:
             forecaster = state.forecasters[signal] = Forecaster(
-                self.settings.trend_seconds, self.settings.peak_seconds, self.settings.min_trend_samples
+                self.settings.trend_seconds, self.settings.recent_seconds, self.settings.min_trend_samples
             )
         forecaster.observe(now, value)
         # While warming up the samples are the pool filling up from empty, no trend to extrapolate.
         warming = self._first is not None and now - self._first < self.settings.warmup_seconds
         result = forecaster.forecast(now, self.settings.model_load_seconds + self.settings.interval_seconds)
         assert result is not None
-        return max(result.latest, result.peak) if warming else result.value
+        return max(result.latest, result.recent) if warming else result.value
 
     def _burst(self, role: str, load: RouteLoad, work: float) -> float:
         """Engine-seconds per second that drain the q-quantile burst of recent memory within the TTFT

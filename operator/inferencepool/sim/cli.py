@@ -30,7 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     trace.add_argument(
         "--trace",
         default="azure-code",
-        help=f"vendored slice ({', '.join(sorted(VENDORED))}) or a path to an Azure 2023 .csv or Mooncake "
+        help=f"vendored trace ({', '.join(sorted(VENDORED))}) or a path to an Azure 2023 .csv or Mooncake "
         ".jsonl (maybe .gz). Default: azure-code",
     )
     trace.add_argument("--start", type=float, default=0.0, help="skip this many seconds of the trace")
@@ -144,15 +144,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     scaling.add_argument(
         "--scale-down-stabilization", type=int, default=300, help="seconds. Default: 300 (the API's default)"
     )
-    scaling.add_argument("--planner-headroom", type=float, default=1.1, help="planner headroom. Default: 1.1")
+    scaling.add_argument(
+        "--planner-headroom",
+        type=float,
+        default=None,
+        help="planner: size for the forecast times this. Default: the planner's (1.0)",
+    )
     scaling.add_argument(
         "--planner-prefill-min", type=int, default=0, help="planner: prefill minReplicas. Default: 0"
     )
     scaling.add_argument(
-        "--planner-peak-seconds",
+        "--planner-recent-seconds",
         type=float,
         default=None,
-        help="planner: hold the highest load of this many seconds. Default: the planner's (60)",
+        help="planner: hold the mean load of this many seconds. Default: the planner's (60)",
     )
     scaling.add_argument("--gpu-budget", type=int, default=None, help="planner: GPUs across both pools")
 
@@ -251,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
             decode_chunk_tokens=args.decode_chunk,
             planner_headroom=args.planner_headroom,
             planner_prefill_min=args.planner_prefill_min,
-            planner_peak_seconds=args.planner_peak_seconds,
+            planner_recent_seconds=args.planner_recent_seconds,
             gpu_budget=args.gpu_budget,
             lmcache_cpu_gib=args.lmcache_cpu_gib,
             lmcache_p2p=args.p2p,

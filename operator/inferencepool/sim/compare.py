@@ -56,9 +56,9 @@ class Budget:
     percentile: int = 90
     prefill_chunk_tokens: int | None = None  # per-role engine tuning of the P/D scenarios
     decode_chunk_tokens: int | None = None  # ... and of colocated-tuned
-    planner_headroom: float = 1.1
+    planner_headroom: float | None = None  # None: the planner's own default
     planner_prefill_min: int = 0  # the planner may take the prefill pool to zero
-    planner_peak_seconds: float | None = None  # None: the planner's own default
+    planner_recent_seconds: float | None = None  # None: the planner's own default
     gpu_budget: int | None = None
     lmcache_cpu_gib: float = 0.0  # LMCache on every engine of every scenario: CPU tier per replica
     lmcache_p2p: bool = False  # ... sharing prefixes between engines
@@ -126,20 +126,22 @@ def build_scenarios(budget: Budget, slo: Slo, names: Sequence[str] = SCENARIO_NA
             decode=RoleBounds(1, ceiling),
             model_load_seconds=budget.model_load_seconds,
             interval_seconds=budget.interval_seconds,
-            headroom=budget.planner_headroom,
             gpu_budget=budget.gpu_budget,
             # as the operator maps a spec (autoscaler.planning): the stabilization is the evidence a
             # scale-down waits for, after a scale-up and at start
             scale_down_delay_seconds=budget.scale_down_stabilization_seconds,
             warmup_seconds=budget.scale_down_stabilization_seconds,
+            burst_quantile=budget.percentile / 100,  # as the operator maps target.percentile
         ),
         window_seconds=budget.window_seconds,
         percentile=budget.percentile,
     )
-    if budget.planner_peak_seconds is not None:  # else the planner's own default
-        planner = replace(
-            planner, settings=replace(planner.settings, peak_seconds=budget.planner_peak_seconds)
-        )
+    tuned_settings = planner.settings  # the planner's own defaults, unless the budget names a figure
+    if budget.planner_headroom is not None:
+        tuned_settings = replace(tuned_settings, headroom=budget.planner_headroom)
+    if budget.planner_recent_seconds is not None:
+        tuned_settings = replace(tuned_settings, recent_seconds=budget.planner_recent_seconds)
+    planner = replace(planner, settings=tuned_settings)
     every = {
         "colocated": Scenario("colocated", "Colocated", 0, budget.replicas),
         "colocated-tuned": Scenario(

@@ -38,8 +38,8 @@ AZURE_ID_STRIDE = 1 << 20
 AZURE_ID_SPACE = (1 << 31) - 1
 
 VENDORED: dict[str, str] = {
-    "azure-code": "azure2023_code.10min.csv.gz",
-    "azure-conv": "azure2023_conv.10min.csv.gz",
+    "azure-code": "azure2023_code.1h.csv.gz",
+    "azure-conv": "azure2023_conv.1h.csv.gz",
     "mooncake-conv": "mooncake_conversation.5min.jsonl.gz",
 }
 
@@ -217,7 +217,7 @@ def _read_mooncake(path: Path) -> list[TraceRequest]:
 
 
 def resolve(source: str) -> Path:
-    """A vendored slice by name, else a path."""
+    """A vendored trace by name, else a path."""
     if source in VENDORED:
         return DATA_DIR / VENDORED[source]
     path = Path(source).expanduser()
