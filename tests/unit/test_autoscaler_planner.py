@@ -211,6 +211,22 @@ def test_latency_over_target_raises_the_factor_and_guards_only_with_every_replic
     assert (decode.decode.replicas, decode.decode.reason) == (2, p.LATENCY_GUARD)
 
 
+def test_a_prefill_pool_gone_to_zero_lets_its_latency_factor_go() -> None:
+    """phi corrects the capacity of the pool's own replicas: once the pool is gone it must not keep
+    inflating the prefill work the decode pods take over (it did: stuck at 2.3 for an hour of azure-code)."""
+    planner = p.Planner(settings(prefill=p.RoleBounds(0, 8)), MODEL)
+    over = planner.decide(observe(15, 1.0, prefill=1, ttft=3.0))
+    assert over.prefill.latency_factor == pytest.approx(1.5)
+    factors = [
+        planner.decide(observe(15.0 * i, 0.01, prefill=0)).prefill.latency_factor for i in range(2, 30)
+    ]
+    assert all(b <= a for a, b in itertools.pairwise(factors)) and factors[-1] == pytest.approx(1.0, abs=0.01)
+    # a pool with replicas but no traffic keeps what it learnt: no evidence either way
+    idle = p.Planner(settings(), MODEL)
+    idle.decide(observe(15, 1.0, prefill=1, ttft=3.0))
+    assert idle.decide(observe(30, 0.0, prefill=2)).prefill.latency_factor == pytest.approx(1.5)
+
+
 @pytest.mark.parametrize(
     ("bounds", "load", "expected_prefill"),
     [

@@ -286,13 +286,6 @@ def test_planner_settings_from_the_spec() -> None:
     )
     assert (settings.model_load_seconds, settings.interval_seconds) == (300, 10)
     assert settings.scale_down_delay_seconds == settings.warmup_seconds == 300  # the spec's default
-    assert settings.burst_quantile == 0.9  # the targets' default percentile: ready for the p90 burst
-    strict = spec(
-        prefill={"autoscaling": scaling({"ttftMilliseconds": 800, "percentile": 99})},
-        decode={"autoscaling": scaling({"itlMilliseconds": 40, "percentile": 95})},
-    )
-    strict_settings = planner_settings(strict, {"prefill": 1, "decode": 2})
-    assert strict_settings is not None and strict_settings.burst_quantile == 0.99  # the strictest target's
     # A role not on the planner is pinned where it is; a pool with none on the planner has no settings.
     decode_only = spec(
         prefill={"autoscaling": scaling({"ttftMilliseconds": 800}, policy="Latency")},

@@ -77,8 +77,6 @@ def planner_settings(spec: InferencePoolSpec, current: dict[PoolRole, int]) -> P
         warmup_seconds=down_delay,
         ratio_bounds=ratio_bounds,
         gpu_budget=gpu_budget,
-        # the strictest of the planned targets' percentiles: how big a burst the pools stand ready for
-        burst_quantile=max(a.target.percentile for a in every) / 100,
     )
 
 

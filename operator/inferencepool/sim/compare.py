@@ -131,7 +131,6 @@ def build_scenarios(budget: Budget, slo: Slo, names: Sequence[str] = SCENARIO_NA
             # scale-down waits for, after a scale-up and at start
             scale_down_delay_seconds=budget.scale_down_stabilization_seconds,
             warmup_seconds=budget.scale_down_stabilization_seconds,
-            burst_quantile=budget.percentile / 100,  # as the operator maps target.percentile
         ),
         window_seconds=budget.window_seconds,
         percentile=budget.percentile,
