@@ -36,7 +36,9 @@ def test_the_bounds_reach_the_planner_settings() -> None:
     open_ended = InferencePoolSpec.model_validate(with_scaling({"prefillDecodeRatio": {"minPercent": 50}}))
     settings = planner_settings(open_ended, {"prefill": 2, "decode": 4})
     assert settings is not None and settings.ratio_bounds == (0.5, math.inf) and settings.gpu_budget is None
-    plain = planner_settings(InferencePoolSpec.model_validate(gpu_spec()), {"prefill": 2, "decode": 4})
+    unbounded = gpu_spec()
+    unbounded.pop("scaling", None)
+    plain = planner_settings(InferencePoolSpec.model_validate(unbounded), {"prefill": 2, "decode": 4})
     assert plain is not None and plain.ratio_bounds is None and plain.gpu_budget is None
 
 
