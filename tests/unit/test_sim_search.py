@@ -87,6 +87,29 @@ def test_best_split_and_static_sizes() -> None:
     assert all(t.worst_window < 0.9 for t in tried if t.prefill + t.decode < size)
 
 
+def test_a_focused_static_peak_search_is_checked_on_the_whole_trace() -> None:
+    """The busiest window by tokens is not always the hardest: here it is one request with a long answer
+    (easy for one pod), and a later window of eight 6,000-token prompts at once misses TTFT on one pod.
+    The layout found on the slice must hold on the whole trace, or the search goes on there."""
+    trace = [TraceRequest(0.0, 100, 3000)]  # 60k "tokens" by the slice's measure, one stream
+    trace += [TraceRequest(30.0 + 0.01 * i, 6000, 1) for i in range(8)]  # 48k, a TTFT burst
+    slo = Slo(0.8, 0.04)
+
+    def layout(prefill: int, decode: int) -> Scenario:
+        if prefill == 0:
+            return Scenario(f"co {decode}", "Colocated", 0, decode)
+        return Scenario(f"la {prefill}:{decode}", "LengthAware", prefill, decode, 4096)
+
+    assert search.peak_slice(trace, 10, 0)[0].output_tokens == 3000  # the slice is the long answer alone
+    peak, smallest, tried = search.static_sizes(
+        layout, H100, trace, slo, window_seconds=10, max_replicas=4, focus_seconds=0
+    )
+    assert peak is not None and smallest is None
+    assert len(peak.result.records) == len(trace)  # a whole-trace result, not the slice's
+    assert peak.worst_window >= 0.9 and peak.prefill + peak.decode > 1
+    assert any(t.prefill + t.decode == 1 and t.worst_window < 0.9 for t in tried)  # one pod failed the burst
+
+
 def test_peak_slice_is_the_busiest_window_and_what_came_before() -> None:
     trace = [TraceRequest(float(t), 100, 10) for t in range(0, 900, 10)]
     trace += [TraceRequest(600 + i * 0.5, 100, 10) for i in range(100)]  # busy from 600 to 650

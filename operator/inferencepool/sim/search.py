@@ -176,13 +176,46 @@ def static_sizes(
     """(static peak, static min among the layouts tried, every layout tried), for up to `max_replicas`
     replicas in all. Assumes attainment does not fall when a decode replica is added.
 
-    With `focus_seconds`, each layout runs only on the busiest window of the trace (by prompt tokens plus 20x
-    output tokens) and the `focus_seconds` before it: the peak decides static-peak, and a long trace costs a
-    fraction to search. The layouts' attainment is then that of the slice, so static min is not meaningful.
+    With `focus_seconds`, each layout runs first only on the busiest window of the trace (by prompt tokens
+    plus 20x output tokens) and the `focus_seconds` before it, so a long trace costs a fraction to search; the
+    layout found there is then run on the whole trace, and when some other window of it misses the target
+    (the busiest by tokens is not always the hardest: one of longer prompts may be), the search runs again on
+    the whole trace. Static peak is then a whole-trace result either way; static min is None (the layouts
+    were tried on a slice).
     """
-    tried: list[Sized] = []
     if focus_seconds is not None:
-        trace = peak_slice(trace, window_seconds, focus_seconds)
+
+        def search(requests: Sequence[TraceRequest]) -> tuple[Sized | None, Sized | None, list[Sized]]:
+            return static_sizes(
+                layout,
+                profile,
+                requests,
+                slo,
+                target=target,
+                window_seconds=window_seconds,
+                max_replicas=max_replicas,
+                kv_link_bytes_per_s=kv_link_bytes_per_s,
+            )
+
+        found, _, on_slice = search(peak_slice(trace, window_seconds, focus_seconds))
+        if found is None:
+            return None, None, on_slice
+        whole = simulate(found.result.scenario, profile, trace, kv_link_bytes_per_s=kv_link_bytes_per_s)
+        checked = Sized(
+            found.prefill,
+            found.decode,
+            attainment(whole, slo),
+            min(window_attainment(whole, slo, window_seconds)),
+            whole.gpu_seconds,
+            whole,
+        )
+        on_slice.append(checked)
+        if checked.worst_window >= target:
+            return checked, None, on_slice
+        found, _, on_whole = search(trace)
+        return found, None, on_slice + on_whole
+
+    tried: list[Sized] = []
 
     def run(prefill: int, decode: int) -> Sized:
         result = simulate(layout(prefill, decode), profile, trace, kv_link_bytes_per_s=kv_link_bytes_per_s)
