@@ -154,6 +154,7 @@ def read_response(data: bytes, cuts: Sequence[int] = ()) -> Relayed:
         conn.connection_made(transport)  # type: ignore[arg-type]
         body: list[bytes] = []
         conn.attach(body.append, lambda: None)
+        conn.asked = True  # as `request` marks it when it writes the request
         for piece in cut(data, cuts):
             if transport.closed:
                 break

@@ -262,6 +262,43 @@ async def test_connections_are_reused_and_a_closed_one_is_replaced() -> None:
         upstream.close()
 
 
+@pytest.mark.parametrize("late", [False, True], ids=["same-read", "while-idle"])
+async def test_an_answer_the_router_did_not_ask_for_is_never_taken_for_the_next_one(late: bool) -> None:
+    """An engine (or anything on its port) that sends a second response after the first: in the same read,
+    or while the connection waits idle in the pool. The first answer stands as sent; the extra bytes are
+    not appended to it, and the next request goes over a new connection, not to be answered by them."""
+
+    async def answer_twice(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first = True
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+            body = await reader.readexactly(length)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            if first:
+                if late:
+                    await writer.drain()
+                    await asyncio.sleep(0.1)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nsmuggled")
+                first = False
+            await writer.drain()
+
+    async with _engine(answer_twice) as (url, connections):
+        upstream = Upstream(1.0, 5.0)
+        response = await upstream.post(url + "/p", b"first", (), stream=False, timeout_seconds=5)
+        assert await response.body() == b"first"
+        response.close()
+        await asyncio.sleep(0.3)  # the late extra answer arrives while the connection is idle
+        response = await upstream.post(url + "/p", b"second", (), stream=False, timeout_seconds=5)
+        assert await response.body() == b"second"
+        response.close()
+        assert len(connections) == 2  # the first connection was dropped, not reused
+        upstream.close()
+
+
 async def test_a_chunked_stream_is_relayed_piece_by_piece() -> None:
     async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")

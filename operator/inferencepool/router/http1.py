@@ -533,20 +533,41 @@ class _ClientConnection(asyncio.Protocol):
         self._flush: Callable[[], None] | None = None
         self.last_read = 0.0
         self._failure: UpstreamFailure | None = None
+        self._unsolicited = False
+        self.asked = False  # a request has been written on this exchange: an answer may come
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        if not self.asked or self.complete or self._unsolicited:
+            self._drop_unsolicited()  # before a request, after its answer, idle in the pool: nothing asked
+            return
         self.got_bytes = True
         self.last_read = time.monotonic()
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as error:
+            if self._unsolicited:  # the garbage after a whole answer: the answer stands, the connection goes
+                self._drop_unsolicited()
+                return
             self.fail(UpstreamFailure("protocol", f"malformed response from the engine: {error}"))
             return
+        if self._unsolicited:
+            self._drop_unsolicited()
         if self._flush is not None:
             self._flush()
+
+    def _drop_unsolicited(self) -> None:
+        """An engine that sends more than the one answer asked for is out of step with this connection: a
+        second message here would be taken for the answer to the next request on it (a response desync).
+        The answer already read stands; the connection is never reused."""
+        self._unsolicited = True
+        self.keep_alive = False
+        if self in self._pool:
+            self._pool.remove(self)
+        if self.transport is not None:
+            self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -557,22 +578,35 @@ class _ClientConnection(asyncio.Protocol):
             kind: FailureKind = "disconnect" if not self.got_bytes else "protocol"
             self.fail(UpstreamFailure(kind, f"connection lost before the response ended ({detail})"))
 
+    def on_message_begin(self) -> None:
+        if self.complete:  # a second message in the same read as the first's end
+            self._unsolicited = True
+            self.keep_alive = False
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._unsolicited:
+            return
         if name.lower() == b"content-type":
             self.content_type = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        if self._unsolicited:
+            return
         self.status = self._parser.get_status_code()
         if not self.headers_ready.done():
             self.headers_ready.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        if self._unsolicited:
+            return
         if self._sink is not None:
             self._sink(body)
         else:
             self._buffer.append(body)
 
     def on_message_complete(self) -> None:
+        if self._unsolicited:
+            return
         self.complete = True
         self.keep_alive = self._parser.should_keep_alive()
         if self.done is not None and not self.done.done():
@@ -747,6 +781,7 @@ class Upstream:
         head = [f"{method} {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Length: {len(payload)}\r\n"]
         head.extend(f"{name}: {value}\r\n" for name, value in headers)
         head.append("\r\n")
+        conn.asked = True
         conn.transport.write("".join(head).encode("latin-1") + payload)
         limit = self._idle_seconds if stream else timeout_seconds
         timer = asyncio.get_running_loop().call_later(
