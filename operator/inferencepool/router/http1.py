@@ -548,12 +548,9 @@ class _ClientConnection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as error:
-            if self._unsolicited:  # the garbage after a whole answer: the answer stands, the connection goes
-                self._drop_unsolicited()
+            if not self._unsolicited:  # a second message stops the parser (on_message_begin), not the answer
+                self.fail(UpstreamFailure("protocol", f"malformed response from the engine: {error}"))
                 return
-            self.fail(UpstreamFailure("protocol", f"malformed response from the engine: {error}"))
-            return
-        if self._unsolicited:
             self._drop_unsolicited()
         if self._flush is not None:
             self._flush()
@@ -579,34 +576,26 @@ class _ClientConnection(asyncio.Protocol):
             self.fail(UpstreamFailure(kind, f"connection lost before the response ended ({detail})"))
 
     def on_message_begin(self) -> None:
-        if self.complete:  # a second message in the same read as the first's end
+        if self.complete:  # a second message in the same read as the first's end: parse none of it
             self._unsolicited = True
-            self.keep_alive = False
+            raise UpstreamFailure("protocol", "the engine sent a second response to one request")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._unsolicited:
-            return
         if name.lower() == b"content-type":
             self.content_type = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
-        if self._unsolicited:
-            return
         self.status = self._parser.get_status_code()
         if not self.headers_ready.done():
             self.headers_ready.set_result(None)
 
     def on_body(self, body: bytes) -> None:
-        if self._unsolicited:
-            return
         if self._sink is not None:
             self._sink(body)
         else:
             self._buffer.append(body)
 
     def on_message_complete(self) -> None:
-        if self._unsolicited:
-            return
         self.complete = True
         self.keep_alive = self._parser.should_keep_alive()
         if self.done is not None and not self.done.done():
