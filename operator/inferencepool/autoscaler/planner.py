@@ -345,18 +345,14 @@ class Planner:
         over (and, stuck, the cost of bringing the pool back)."""
         state = self._state[role]
         tolerance = self.settings.latency_tolerance
-        if gone:
+        if gone or (ratio is not None and ratio <= 1):
             state.latency_factor = max(1.0, 1 + (state.latency_factor - 1) * 0.8)
             return False
-        if ratio is None:
-            return False
-        if ratio > 1 + tolerance and all_ready:
+        if ratio is not None and ratio > 1 + tolerance and all_ready:
             state.latency_factor = min(
                 self.settings.latency_factor_max, state.latency_factor * min(ratio, 1.5)
             )
             return True
-        if ratio <= 1:
-            state.latency_factor = max(1.0, 1 + (state.latency_factor - 1) * 0.8)
         return False
 
     def decide(self, obs: Observation) -> Plan:
