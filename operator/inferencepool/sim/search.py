@@ -179,50 +179,40 @@ def static_sizes(
     With `focus_seconds`, each layout runs first only on the busiest window of the trace (by prompt tokens
     plus 20x output tokens) and the `focus_seconds` before it, so a long trace costs a fraction to search; the
     layout found there is then run on the whole trace, and when some other window of it misses the target
-    (the busiest by tokens is not always the hardest: one of longer prompts may be), the search runs again on
+    (the busiest by tokens is not always the hardest: one of longer prompts may be), the search goes on over
     the whole trace. Static peak is then a whole-trace result either way; static min is None (the layouts
     were tried on a slice).
     """
-    if focus_seconds is not None:
-
-        def search(requests: Sequence[TraceRequest]) -> tuple[Sized | None, Sized | None, list[Sized]]:
-            return static_sizes(
-                layout,
-                profile,
-                requests,
-                slo,
-                target=target,
-                window_seconds=window_seconds,
-                max_replicas=max_replicas,
-                kv_link_bytes_per_s=kv_link_bytes_per_s,
-            )
-
-        found, _, on_slice = search(peak_slice(trace, window_seconds, focus_seconds))
-        if found is None:
-            return None, None, on_slice
-        whole = simulate(found.result.scenario, profile, trace, kv_link_bytes_per_s=kv_link_bytes_per_s)
-        checked = Sized(
-            found.prefill,
-            found.decode,
-            attainment(whole, slo),
-            min(window_attainment(whole, slo, window_seconds)),
-            whole.gpu_seconds,
-            whole,
-        )
-        on_slice.append(checked)
-        if checked.worst_window >= target:
-            return checked, None, on_slice
-        found, _, on_whole = search(trace)
-        return found, None, on_slice + on_whole
-
     tried: list[Sized] = []
 
     def run(prefill: int, decode: int) -> Sized:
+        for known in tried:  # the layout checked after a focused search is not simulated again
+            if (known.prefill, known.decode) == (prefill, decode):
+                return known
         result = simulate(layout(prefill, decode), profile, trace, kv_link_bytes_per_s=kv_link_bytes_per_s)
         windows = window_attainment(result, slo, window_seconds)
         sized = Sized(prefill, decode, attainment(result, slo), min(windows), result.gpu_seconds, result)
         tried.append(sized)
         return sized
+
+    on_slice: list[Sized] = []
+    if focus_seconds is not None:
+        found, _, on_slice = static_sizes(
+            layout,
+            profile,
+            peak_slice(trace, window_seconds, focus_seconds),
+            slo,
+            target=target,
+            window_seconds=window_seconds,
+            max_replicas=max_replicas,
+            kv_link_bytes_per_s=kv_link_bytes_per_s,
+        )
+        if found is None:
+            return None, None, on_slice
+        checked = run(found.prefill, found.decode)  # on the whole trace
+        if checked.worst_window >= target:
+            return checked, None, on_slice + tried
+        # another window missed: the search below runs on the whole trace
 
     def holds(prefill: int, decode: int) -> bool:
         return run(prefill, decode).worst_window >= target
@@ -252,7 +242,9 @@ def static_sizes(
     by_layout = {(t.prefill, t.decode): t for t in tried}
     held = [s for s in tried if s.attainment >= target]
     smallest = min(held, key=lambda s: (s.prefill + s.decode, -s.attainment), default=None)
-    return (None if best_peak is None else by_layout[best_peak]), smallest, tried
+    if focus_seconds is not None:
+        smallest = None  # not every layout was tried on the whole trace
+    return (None if best_peak is None else by_layout[best_peak]), smallest, on_slice + tried
 
 
 def peak_slice(
