@@ -4,11 +4,15 @@ from the direct route (decode demand) to the prefill pool's demand."""
 
 from __future__ import annotations
 
-import asyncio
-
 import aiohttp
-from tests.http.router_harness import complete, config_for, engines, metric_sum, running_router
-from tests.http.test_router_prefix_routing import AFFINITY, DECISIONS, ROUTE, words
+from tests.http.router_harness import complete, metric_sum
+from tests.http.test_router_prefix_routing import (
+    DECISIONS,
+    ROUTE,
+    keep_the_prefill_pod_busy,
+    slow_prefill_router,
+    words,
+)
 from tests.unit.test_autoscaler_runner_feed import reading
 
 from inferencepool.autoscaler.feed import Deltas, RouterReading, RouterSample, observation, read_router
@@ -26,40 +30,22 @@ async def router_sample(url: str) -> RouterSample:
 
 
 async def test_a_prompt_bypassing_a_busy_prefill_pool_counts_as_prefill_demand() -> None:
-    async with (
-        engines(["prefill"], profile="cpu-demo") as (prefill,),
-        engines(["decode"]) as (decode,),
-    ):
-        config = config_for(
-            [prefill],
-            [decode],
-            prefillThresholdTokens=100,
-            prefixAffinity=AFFINITY,
-            adaptiveThreshold={"ttftTargetMilliseconds": 400},
-        )
-        async with running_router(config) as router:
-            _, _, headers = await complete(router.url, words("alone", 300))  # learns the prefill speed
-            assert headers[ROUTE] == "disaggregated"
-            deltas: Deltas[RouterSample] = Deltas()
-            deltas.step({"r": await router_sample(router.url)})
-            prefill_pod = router.router.pods.by_role("prefill")[0]
-            bulk = asyncio.create_task(complete(router.url, words("bulk", 3000)))
-            try:
-                for _ in range(200):
-                    if prefill_pod.queued_tokens:
-                        break
-                    await asyncio.sleep(0.002)
-                _, _, headers = await complete(router.url, words("probe", 300))
-                assert headers[ROUTE] == "direct"
-            finally:
-                status, _, _ = await bulk
-            assert status == 200
-            assert await metric_sum(router.url, DECISIONS, reason="prefill_busy") == 1
-            probe = await metric_sum(router.url, ROUTED, route="direct")
-            assert probe > 0 and await metric_sum(router.url, TOKENS, reason="prefill_busy") == probe
-            long = await metric_sum(router.url, TOKENS, reason="long")
-            assert long == await metric_sum(router.url, ROUTED, route="disaggregated")
-            change = deltas.step({"r": await router_sample(router.url)})
+    async with slow_prefill_router() as (router, _, _):
+        deltas: Deltas[RouterSample] = Deltas()
+        deltas.step({"r": await router_sample(router.url)})
+        bulk = await keep_the_prefill_pod_busy(router)
+        try:
+            _, _, headers = await complete(router.url, words("probe", 300))
+            assert headers[ROUTE] == "direct"
+        finally:
+            status, _, _ = await bulk
+        assert status == 200
+        assert await metric_sum(router.url, DECISIONS, reason="prefill_busy") == 1
+        probe = await metric_sum(router.url, ROUTED, route="direct")
+        assert probe > 0 and await metric_sum(router.url, TOKENS, reason="prefill_busy") == probe
+        long = await metric_sum(router.url, TOKENS, reason="long")
+        assert long == await metric_sum(router.url, ROUTED, route="disaggregated")
+        change = deltas.step({"r": await router_sample(router.url)})
     assert change is not None and change.bypassed is not None
     assert change.bypassed.values == (1, probe)
     obs = observation(0.0, 10.0, reading(None), reading(None), RouterReading(change, None), 10_000)

@@ -62,10 +62,11 @@ async def test_a_long_prompt_whose_prefix_the_decode_pod_holds_goes_direct() -> 
             assert await metric_sum(router.url, DECISIONS, reason="long") == 2
 
 
-async def test_a_busy_prefill_pool_sends_a_long_prompt_direct() -> None:
-    """A slow prefill engine (the CPU demo's timing model) busy with a very long prompt, and an idle decode
-    engine: a long prompt that would wait past the TTFT target in the prefill pool is prefilled on the
-    decode pod, and the next one, once the prefill pool is free again, goes through it."""
+@contextlib.asynccontextmanager
+async def slow_prefill_router() -> AsyncIterator[tuple[RunningRouter, RunningEngine, RunningEngine]]:
+    """A slow prefill engine (the CPU demo's timing model) and an idle decode engine behind a router whose
+    threshold sends 300-word prompts to prefill; one such prompt alone (~80 ms of prefill) has taught the
+    router the prefill pod's speed."""
     async with (
         engines(["prefill"], profile="cpu-demo") as (prefill,),
         engines(["decode"]) as (decode,),
@@ -78,28 +79,40 @@ async def test_a_busy_prefill_pool_sends_a_long_prompt_direct() -> None:
             adaptiveThreshold={"ttftTargetMilliseconds": 400},
         )
         async with running_router(config) as router:
-            # one prompt alone (~80 ms of prefill): the router learns the prefill pod's speed
             _, _, headers = await complete(router.url, words("alone", 300))
             assert headers[ROUTE] == "disaggregated"
-            prefill_pod = router.router.pods.by_role("prefill")[0]
-            # ten times longer: the prefill pod is busy for ~0.8 s
-            bulk = asyncio.create_task(complete(router.url, words("bulk", 3000)))
-            try:
-                for _ in range(200):
-                    if prefill_pod.queued_tokens:
-                        break
-                    await asyncio.sleep(0.002)
-                decode_before = await engine_requests(decode)
-                _, _, headers = await complete(router.url, words("probe", 300))
-                assert headers[ROUTE] == "direct"
-                assert await engine_requests(decode) == decode_before + 1
-            finally:
-                status, _, headers = await bulk
-            assert status == 200 and headers[ROUTE] == "disaggregated"
-            assert await metric_sum(router.url, DECISIONS, reason="prefill_busy") == 1
-            _, _, headers = await complete(router.url, words("after", 300))
-            assert headers[ROUTE] == "disaggregated"
-            assert await metric_sum(router.url, DECISIONS, reason="long") == 3
+            yield router, prefill, decode
+
+
+async def keep_the_prefill_pod_busy(router: RunningRouter) -> asyncio.Task[tuple[int, str, dict[str, str]]]:
+    """A prompt ten times longer sent in the background (the prefill pod is busy for ~0.8 s); returns once the
+    router has it queued on the prefill pod. The caller awaits the task."""
+    prefill_pod = router.router.pods.by_role("prefill")[0]
+    bulk = asyncio.create_task(complete(router.url, words("bulk", 3000)))
+    for _ in range(200):
+        if prefill_pod.queued_tokens:
+            break
+        await asyncio.sleep(0.002)
+    return bulk
+
+
+async def test_a_busy_prefill_pool_sends_a_long_prompt_direct() -> None:
+    """A long prompt that would wait past the TTFT target in the busy prefill pool is prefilled on the decode
+    pod, and the next one, once the prefill pool is free again, goes through it."""
+    async with slow_prefill_router() as (router, _, decode):
+        bulk = await keep_the_prefill_pod_busy(router)
+        try:
+            decode_before = await engine_requests(decode)
+            _, _, headers = await complete(router.url, words("probe", 300))
+            assert headers[ROUTE] == "direct"
+            assert await engine_requests(decode) == decode_before + 1
+        finally:
+            status, _, headers = await bulk
+        assert status == 200 and headers[ROUTE] == "disaggregated"
+        assert await metric_sum(router.url, DECISIONS, reason="prefill_busy") == 1
+        _, _, headers = await complete(router.url, words("after", 300))
+        assert headers[ROUTE] == "disaggregated"
+        assert await metric_sum(router.url, DECISIONS, reason="long") == 3
 
 
 @contextlib.asynccontextmanager
