@@ -80,6 +80,21 @@ CASES: list[tuple[str, bytes, list[tuple[str, str, bytes]] | int, bool]] = [
         [("GET", "/p", b"ab"), ("GET", "/next", b"")],
         False,
     ),
+    # Stricter than h11 (which frames them and leaves the upgrade to the server): the router does no upgrades
+    # and refuses them before the handler sees the request (llhttp reports the upgrade after the message,
+    # with the announced body unread: the handler got the request without its body).
+    (
+        "upgrade with a body",
+        post(b"Connection: Upgrade\r\nUpgrade: websocket\r\nContent-Length: 4\r\n", b"body"),
+        400,
+        False,
+    ),
+    (
+        "h2c upgrade",
+        get(b"GET /p HTTP/1.1\r\nHost: r\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"),
+        400,
+        False,
+    ),
     # RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding is read chunked, then the connection closes.
     (
         "HTTP/1.0 chunked",

@@ -341,10 +341,17 @@ async def _garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -
     await reader.read()
 
 
+async def _switch(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\nxx")
+    await writer.drain()
+    await reader.read()
+
+
 @pytest.mark.parametrize(
     ("script", "kind"),
-    [(_hang, "timeout"), (_drop, "disconnect"), (_garbage, "protocol")],
-    ids=["silent", "dropped", "garbage"],
+    [(_hang, "timeout"), (_drop, "disconnect"), (_garbage, "protocol"), (_switch, "protocol")],
+    ids=["silent", "dropped", "garbage", "switched-protocols"],
 )
 async def test_failures_before_the_answer_name_their_kind(
     script: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]], kind: str

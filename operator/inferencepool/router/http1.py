@@ -384,7 +384,7 @@ class _ServerConnection(asyncio.Protocol):
     def _framing_ok(self) -> bool:
         """What llhttp lets through but RFC 9112 (and h11, see tests/fuzz) refuses: HTTP/0.9, an HTTP/1.1
         request without exactly one Host, a transfer coding other than chunked (the router decodes none, and
-        an unknown coding must not be read as a plain body)."""
+        an unknown coding must not be read as a plain body); and an upgrade, which the router does not do."""
         version = self._version = self._parser.get_http_version()
         if version not in ("1.1", "1.0"):
             self._reject(505, f"HTTP/{version} is not supported")
@@ -394,6 +394,10 @@ class _ServerConnection(asyncio.Protocol):
             "chunked"
         ):
             self._reject(501, f"Transfer-Encoding {coding!r} is not supported (only chunked)")
+        elif self._parser.should_upgrade():
+            # refused here, before the request is handled: llhttp reports the upgrade only after the message,
+            # with the body it announced left unread, so the handler would get the request without it
+            self._reject(400, "protocol upgrades are not supported")
         else:
             return True
         return False
@@ -585,6 +589,8 @@ class _ClientConnection(asyncio.Protocol):
             self.content_type = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        if self._parser.get_status_code() == 101:  # stops the parser: data_received fails the exchange
+            raise UpstreamFailure("protocol", "the engine switched protocols, which the router never asks")
         self.status = self._parser.get_status_code()
         if not self.headers_ready.done():
             self.headers_ready.set_result(None)
