@@ -35,6 +35,7 @@ from inferencepool.api import labels
 from inferencepool.api.crd import crd_yaml
 from inferencepool.api.pods import http_url, is_ready
 from inferencepool.observability import dashboard, localprom, scrape
+from inferencepool.observability import metrics as op
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "inferencepool-operator"
@@ -564,6 +565,10 @@ def check_routing_scaling_and_dashboard(
     grown = {route for route, count in after.items() if count > before.get(route, 0)}
     assert grown == {"direct", "disaggregated"}, f"routes taken: {grown}"
 
+    # The dashboard's scaling annotation is `changes()` of the desired replicas: Prometheus must hold a sample
+    # from before the decision, and its first scrape of the operator can come after a fast one.
+    before_scaling = f'{op.DESIRED_REPLICAS}{{namespace="{namespace}", pool="{pool}", role="decode"}}'
+    assert prometheus.wait_for(before_scaling, 60), f"Prometheus has not scraped {before_scaling}"
     say("scaling: decode's ITL target set below what the engines do, under load; decode must grow")
     autoscaling = {
         "enabled": True,
