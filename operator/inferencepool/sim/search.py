@@ -183,16 +183,15 @@ def static_sizes(
     the whole trace. Static peak is then a whole-trace result either way; static min is None (the layouts
     were tried on a slice).
     """
-    tried: list[Sized] = []
+    tried: dict[tuple[int, int], Sized] = {}  # by layout, in the order tried
 
     def run(prefill: int, decode: int) -> Sized:
-        for known in tried:  # the layout checked after a focused search is not simulated again
-            if (known.prefill, known.decode) == (prefill, decode):
-                return known
+        if (prefill, decode) in tried:  # the layout checked after a focused search is not simulated again
+            return tried[prefill, decode]
         result = simulate(layout(prefill, decode), profile, trace, kv_link_bytes_per_s=kv_link_bytes_per_s)
         windows = window_attainment(result, slo, window_seconds)
         sized = Sized(prefill, decode, attainment(result, slo), min(windows), result.gpu_seconds, result)
-        tried.append(sized)
+        tried[prefill, decode] = sized
         return sized
 
     on_slice: list[Sized] = []
@@ -211,7 +210,7 @@ def static_sizes(
             return None, None, on_slice
         checked = run(found.prefill, found.decode)  # on the whole trace
         if checked.worst_window >= target:
-            return checked, None, on_slice + tried
+            return checked, None, on_slice + list(tried.values())
         # another window missed: the search below runs on the whole trace
 
     def holds(prefill: int, decode: int) -> bool:
@@ -239,12 +238,11 @@ def static_sizes(
         while decode >= 1 and holds(prefill, decode):
             best_peak = (prefill, decode)
             decode -= 1
-    by_layout = {(t.prefill, t.decode): t for t in tried}
-    held = [s for s in tried if s.attainment >= target]
+    held = [s for s in tried.values() if s.attainment >= target]
     smallest = min(held, key=lambda s: (s.prefill + s.decode, -s.attainment), default=None)
     if focus_seconds is not None:
         smallest = None  # not every layout was tried on the whole trace
-    return (None if best_peak is None else by_layout[best_peak]), smallest, on_slice + tried
+    return (None if best_peak is None else tried[best_peak]), smallest, on_slice + list(tried.values())
 
 
 def peak_slice(
