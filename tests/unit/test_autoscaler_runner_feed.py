@@ -52,7 +52,7 @@ from inferencepool.observability.metrics import (
 )
 from inferencepool.router.metrics import LiveState, RouterMetrics
 from inferencepool.router.pods import PodSet
-from inferencepool.router.policy import Route
+from inferencepool.scheduling.decider import Route
 
 
 class Engine:

@@ -25,7 +25,7 @@ from inferencepool.engine_sim.metrics import EngineMetrics
 from inferencepool.engine_sim.profiles import get_profile
 from inferencepool.router.metrics import LiveState, RouterMetrics
 from inferencepool.router.pods import PodSet
-from inferencepool.router.policy import Route
+from inferencepool.scheduling.decider import Route
 
 
 class Engine:

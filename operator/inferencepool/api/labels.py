@@ -25,8 +25,9 @@ LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
 LABEL_POOL: Final = f"{GROUP}/pool"
 LABEL_ROLE: Final = f"{GROUP}/role"
-# On every engine pod: a hash of everything that must match for a prefill pod's KV to be valid on a decode pod
-# (model, revision, dtypes, block size, image, parallel layout, connector). The router pairs only equal values.
+# On every engine pod: a hash of everything that must match for a prefill pod's KV to be valid on a decode
+# pod (model, revision, dtypes, block size, image, parallel layout, connector). The router pairs only equal
+# values.
 LABEL_KV_COMPAT: Final = f"{GROUP}/kv-compat"
 
 APP_NAME: Final = "inferencepool"

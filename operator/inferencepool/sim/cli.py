@@ -86,12 +86,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--threshold", type=int, default=4096, help="LengthAware prefill threshold tokens. Default: 4096"
     )
     pool.add_argument(
-        "--adaptive-min", type=int, default=1024, help="adaptive threshold lower bound. Default: 1024"
-    )
-    pool.add_argument(
-        "--adaptive-max", type=int, default=16384, help="adaptive threshold upper bound. Default: 16384"
-    )
-    pool.add_argument(
         "--prefill-chunk",
         type=int,
         default=None,
@@ -243,8 +237,6 @@ def run(args: argparse.Namespace) -> int:
             replicas=args.replicas,
             prefill_replicas=args.prefill if args.prefill is not None else max(1, args.replicas // 2),
             threshold_tokens=args.threshold,
-            adaptive_min_tokens=args.adaptive_min,
-            adaptive_max_tokens=args.adaptive_max,
             max_replicas_per_pool=args.max_replicas,
             model_load_seconds=args.model_load_seconds,
             interval_seconds=args.interval,
