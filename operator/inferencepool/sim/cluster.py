@@ -174,6 +174,9 @@ class Scenario:
     prefix_affinity: bool = True
     prefill_chunk_tokens: int | None = None  # --max-num-batched-tokens of prefill replicas (None: profile's)
     decode_chunk_tokens: int | None = None  # ... of decode replicas, or of every replica of a Colocated pool
+    # --max-num-seqs per role (None: the profile's, capped at the chunk as vLLM requires)
+    prefill_max_num_seqs: int | None = None
+    decode_max_num_seqs: int | None = None
     planner: PlannerScaling | None = None
     # the router's latency targets (its load-aware bypass weighs routes against them); None: the router's
     # defaults, as for a pool without autoscaling targets
@@ -406,8 +409,8 @@ class ClusterSim:
         if decode_chunk is None and scenario.chunk_itl_seconds is not None:
             decode_chunk = chunk_for_itl(profile, scenario.chunk_itl_seconds)
         self.profiles: dict[EngineRole, EngineProfile] = {
-            "prefill": self._tuned(scenario.prefill_chunk_tokens),
-            "decode": self._tuned(decode_chunk),
+            "prefill": self._tuned(scenario.prefill_chunk_tokens, scenario.prefill_max_num_seqs),
+            "decode": self._tuned(decode_chunk, scenario.decode_max_num_seqs),
         }
         # per GPU; a replica's link carries this times its tensor-parallel ranks
         self.kv_link_bytes_per_s = kv_link_bytes_per_s or profile.hardware.kv_link_bytes_per_s
@@ -448,7 +451,10 @@ class ClusterSim:
         self._arrivals: dict[str, list[tuple[float, float]]] = {"prefill": [], "direct": []}  # time, work
         self.route_reasons = self.router.reasons
 
-    def _tuned(self, chunk_tokens: int | None) -> EngineProfile:
+    def _tuned(self, chunk_tokens: int | None, max_num_seqs: int | None = None) -> EngineProfile:
+        if max_num_seqs is not None:
+            chunk = chunk_tokens or self.profile.max_num_batched_tokens
+            return self.profile.with_overrides(max_num_batched_tokens=chunk, max_num_seqs=max_num_seqs)
         if chunk_tokens is None or chunk_tokens == self.profile.max_num_batched_tokens:
             return self.profile
         # vLLM refuses max_num_batched_tokens < max_num_seqs, so the operator caps the batch at a smaller
