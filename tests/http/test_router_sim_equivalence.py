@@ -1,11 +1,12 @@
-"""The live router and the simulator decide alike: the same request sequence, through the real router over HTTP to
-fake engines and through the simulator's virtual-time pool, takes the same route for the same reason to the same
-pods, request by request. Both drive `inferencepool.scheduling.Scheduler`; what this holds is everything around it
-(prompt hashing, token counting, the prefix index, queue accounting, the decode leg's pod).
+"""The live router and the simulator decide alike: the same request sequence, through the real router over
+HTTP to fake engines and through the simulator's virtual-time pool, takes the same route for the same reason
+to the same pods, request by request. Both drive `inferencepool.scheduling.Scheduler`; what this holds is
+everything around it (prompt hashing, token counting, the prefix index, queue accounting, the decode leg's
+pod).
 
-Requests go one at a time (each answered before the next), so no decision depends on how fast this machine runs:
-the load-aware bypass only acts on queued work, and there is none. The router's scrape of engine load is off
-(the simulator's router has only its own in-flight counts, `sim/router.py`)."""
+Requests go one at a time (each answered before the next), so no decision depends on how fast this machine
+runs: the load-aware bypass only acts on queued work, and there is none. The router's scrape of engine load
+is off (the simulator's router has only its own in-flight counts, `sim/router.py`)."""
 
 from __future__ import annotations
 
@@ -78,7 +79,10 @@ async def test_the_router_and_the_simulator_take_the_same_decisions_request_by_r
         async with running_router(config) as router, aiohttp.ClientSession() as session:
             router.router.pods.apply(
                 [PodSpec("prefill-0", prefill.url, "prefill")]
-                + [PodSpec(name, engine.url, "decode") for name, engine in zip(names["decode"], decodes)]
+                + [
+                    PodSpec(name, engine.url, "decode")
+                    for name, engine in zip(names["decode"], decodes, strict=True)
+                ]
             )
             for number, request in enumerate(requests):
                 ids = list(prompt_ids(request, number))

@@ -103,7 +103,7 @@ def test_cli_runs_with_lmcache_and_names_a_bad_setting(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = str(tmp_path)
-    args = ["sim", "--trace", "mooncake-conv", "--duration", "20", "--scenarios", "colocated,cost-aware"]
+    args = ["sim", "--trace", "mooncake-conv", "--duration", "20", "--scenarios", "colocated,colocated-tuned"]
     assert main([*args, "--lmcache-cpu-gib", "16", "--p2p", "--no-plots", "--out", out]) == 0
     assert main([*args, "--p2p", "--no-plots", "--out", out]) == 2
     assert "p2p shares the CPU tier" in capsys.readouterr().err

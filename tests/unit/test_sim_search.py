@@ -137,14 +137,14 @@ def test_goodput_ratios_are_against_the_best_colocated_or_always_disaggregated_p
         search.Goodput("colocated", 4, 1.0, 4.0, ()),
         search.Goodput("colocated-tuned", 4, 2.0, 8.0, ()),  # its chunk for the ITL target: the baseline here
         search.Goodput("static-pd 1P:3D", 4, 1.5, 6.0, ()),
-        search.Goodput("cost-aware", 4, 3.0, 12.0, ()),
-        search.Goodput("colocated-prefix", 4, 4.0, 16.0, ()),  # not a baseline
+        search.Goodput("deployed", 4, 3.0, 12.0, ()),
+        search.Goodput("planner", 4, 4.0, 16.0, ()),  # not a baseline
     ]
     rows = {line.split()[0]: line.split()[-1] for line in goodput_table(found).splitlines()[2:]}
     assert rows == {
         "colocated": "0.50x",
         "colocated-tuned": "1.00x",
         "static-pd": "0.75x",
-        "cost-aware": "1.50x",
-        "colocated-prefix": "2.00x",
+        "deployed": "1.50x",
+        "planner": "2.00x",
     }

@@ -205,6 +205,8 @@ class PodSet:
         for spec in specs:
             pod = self.pods.get(spec.name)
             if pod is None or pod.url != spec.url or pod.role != spec.role or pod.kv_compat != spec.kv_compat:
+                if pod is not None:  # another engine under the name: its cache starts empty
+                    self.prefixes.forget(spec.name)
                 pod = Pod(name=spec.name, url=spec.url, role=spec.role, kv_compat=spec.kv_compat)
             pod.ready, pod.terminating, pod.known = spec.ready, spec.terminating, True
             fresh[spec.name] = pod
