@@ -304,7 +304,13 @@ def run(args: argparse.Namespace) -> int:
                     tensor_parallel=engine.tensor_parallel_size, max_model_len=engine.max_model_len
                 )
         analysis = analyse(
-            earlier, later, settings, profile, what_if_seconds=args.what_if_seconds, during=snapshots[1:-1]
+            earlier,
+            later,
+            settings,
+            profile,
+            what_if_seconds=args.what_if_seconds,
+            during=snapshots[1:-1],
+            pool=pool,
         )
     except (OSError, yaml.YAMLError, ValidationError, SnapshotFileError, WindowError, ValueError) as error:
         return fail(str(error))
