@@ -16,7 +16,7 @@ import aiohttp
 from tests.http.router_harness import MODEL, config_for, engine_requests, engines, metric_sum, running_router
 from tests.support.engines import RunningEngine
 
-from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.perf.profiles import get_profile
 from inferencepool.router.pods import PodSpec
 from inferencepool.scheduling.decider import RouteReason
 from inferencepool.sim.cluster import Scenario, simulate

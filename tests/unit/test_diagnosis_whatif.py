@@ -16,7 +16,7 @@ from inferencepool.diagnosis.core import diagnose, with_what_if
 from inferencepool.diagnosis.settings import PoolSettings, settings_from_pool
 from inferencepool.diagnosis.window import EngineWindow, PoolWindow, RouterWindow
 from inferencepool.engine_sim.metrics import ITL_BUCKETS, TTFT_BUCKETS
-from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.perf.profiles import get_profile
 from inferencepool.router.metrics import PROMPT_BUCKETS
 from inferencepool.sim import workload
 from inferencepool.sim.cluster import ClusterSim, Scenario, ScenarioResult, simulate

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import inferencepool.router.threshold as threshold
-from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.perf.profiles import get_profile
 from inferencepool.router.config import AdaptiveThresholdConfig
 from inferencepool.sim.cluster import Scenario, simulate
 from inferencepool.sim.workload import TraceRequest

@@ -10,8 +10,8 @@ import pytest
 
 from inferencepool.api.v1alpha1 import Autoscaling, LatencyTarget
 from inferencepool.cli import main
-from inferencepool.engine_sim import timing
-from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.perf import timing
+from inferencepool.perf.profiles import get_profile
 from inferencepool.sim.cluster import PoolAutoscaling, Scenario, ScenarioResult, simulate
 from inferencepool.sim.compare import SCENARIO_NAMES, SEARCHED, Budget, build_scenarios, compare
 from inferencepool.sim.report import Slo, summarize, table, to_json

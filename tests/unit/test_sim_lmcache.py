@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from inferencepool.cli import main
-from inferencepool.engine_sim import timing
-from inferencepool.engine_sim.profiles import EngineProfile, get_profile
+from inferencepool.perf import timing
+from inferencepool.perf.profiles import EngineProfile, get_profile
 from inferencepool.sim.cluster import ClusterSim, Scenario
 from inferencepool.sim.workload import TraceRequest
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from inferencepool.engine_sim import timing
-from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.perf import timing
+from inferencepool.perf.profiles import get_profile
 from inferencepool.sim import workload
 from inferencepool.sim.cluster import Scenario, simulate
 from inferencepool.sim.network import Network

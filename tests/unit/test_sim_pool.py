@@ -10,7 +10,7 @@ import pytest
 from inferencepool.api.v1alpha1 import InferencePool
 from inferencepool.builders.common import PoolRef
 from inferencepool.builders.router import router_config
-from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.perf.profiles import get_profile
 from inferencepool.sim.cluster import ClusterSim
 from inferencepool.sim.pool import deployed_profile, deployed_scenario, load_pool
 from inferencepool.sim.workload import TraceRequest

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.perf.profiles import get_profile
 from inferencepool.scheduling.costs import RouteCosts
 from inferencepool.scheduling.decider import Route, RouteReason
 from inferencepool.scheduling.decider import decide as choose_route_by_cost

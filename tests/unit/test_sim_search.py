@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from inferencepool.cli import main
-from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.perf.profiles import get_profile
 from inferencepool.sim import search, workload
 from inferencepool.sim.cluster import Scenario
 from inferencepool.sim.report import Slo, goodput_table

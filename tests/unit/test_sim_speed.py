@@ -10,7 +10,7 @@ import pytest
 
 from inferencepool.engine_sim.core import EngineCore, EngineRequest, TokenEvent
 from inferencepool.engine_sim.kv import chunk_hashes
-from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.perf.profiles import get_profile
 from inferencepool.sim.cluster import ClusterSim, ScenarioResult, _prompt_work
 from inferencepool.sim.compare import Budget, build_scenarios
 from inferencepool.sim.pool import deployed_scenario, load_pool

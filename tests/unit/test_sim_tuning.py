@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from inferencepool.engine_sim import timing
-from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.perf import timing
+from inferencepool.perf.profiles import get_profile
 from inferencepool.sim.cluster import CHUNK_CONTEXT_TOKENS, ClusterSim, chunk_for_itl
 from inferencepool.sim.compare import Budget, build_scenarios
 from inferencepool.sim.report import Slo

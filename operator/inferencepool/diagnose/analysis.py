@@ -15,7 +15,7 @@ from inferencepool.diagnose.whatif import (
 from inferencepool.diagnosis.core import Diagnosis, WhatIfRow, diagnose, with_what_if
 from inferencepool.diagnosis.settings import PoolSettings
 from inferencepool.diagnosis.window import PoolWindow, Snapshot, window
-from inferencepool.engine_sim.profiles import EngineProfile
+from inferencepool.perf.profiles import EngineProfile
 
 
 @dataclass(frozen=True)

@@ -243,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     from inferencepool.diagnose.analysis import analyse
     from inferencepool.diagnosis.report import render
     from inferencepool.diagnosis.window import WindowError
-    from inferencepool.engine_sim.profiles import get_profile
+    from inferencepool.perf.profiles import get_profile
 
     def fail(message: str) -> int:
         print(f"inferencepool diagnose: {message}", file=sys.stderr)

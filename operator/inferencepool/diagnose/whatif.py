@@ -22,7 +22,7 @@ from inferencepool.api.v1alpha1 import InferencePool, RoutingPolicy
 from inferencepool.autoscaler.histogram import Histogram
 from inferencepool.diagnosis.core import Diagnosis, WhatIfRow
 from inferencepool.diagnosis.settings import PoolSettings
-from inferencepool.engine_sim.profiles import EngineProfile
+from inferencepool.perf.profiles import EngineProfile
 from inferencepool.sim.cluster import Scenario, simulate
 from inferencepool.sim.pool import deployed_scenario
 from inferencepool.sim.report import Slo, summarize

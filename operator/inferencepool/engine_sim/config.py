@@ -8,8 +8,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from inferencepool.engine_sim.core import LmcacheSettings
-from inferencepool.engine_sim.profiles import EngineProfile
 from inferencepool.engine_sim.tokenizer import EstimateTokenizer, Tokenizer
+from inferencepool.perf.profiles import EngineProfile
 
 
 @dataclass(frozen=True)

@@ -48,9 +48,9 @@ import zmq.asyncio
 from prometheus_client import Histogram
 
 from inferencepool.engine_sim import lmcache_wire as wire
-from inferencepool.engine_sim import timing
 from inferencepool.engine_sim.config import P2PConfig
 from inferencepool.engine_sim.kv import chunk_hashes
+from inferencepool.perf import timing
 
 if TYPE_CHECKING:
     from inferencepool.engine_sim.server import FakeEngine

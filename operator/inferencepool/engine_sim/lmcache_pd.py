@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import ClientError, ClientTimeout, web
 
-from inferencepool.engine_sim import protocol, timing
+from inferencepool.engine_sim import protocol
 from inferencepool.engine_sim.config import PdConfig
 from inferencepool.engine_sim.core import PdPush
 from inferencepool.engine_sim.httputil import app_runner, bound_port, error_response, json_response, url_host
+from inferencepool.perf import timing
 
 if TYPE_CHECKING:
     from inferencepool.engine_sim.server import FakeEngine

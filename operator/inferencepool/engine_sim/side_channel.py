@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 
 from aiohttp import ClientError, web
 
-from inferencepool.engine_sim import protocol, timing
+from inferencepool.engine_sim import protocol
 from inferencepool.engine_sim.core import RemoteRead
 from inferencepool.engine_sim.httputil import app_runner, bound_port, error_response, json_response, url_host
+from inferencepool.perf import timing
 
 if TYPE_CHECKING:
     from inferencepool.engine_sim.server import FakeEngine

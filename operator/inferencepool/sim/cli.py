@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from inferencepool.engine_sim.profiles import EngineProfile
+    from inferencepool.perf.profiles import EngineProfile
     from inferencepool.sim.cluster import Scenario, ScenarioResult
     from inferencepool.sim.compare import Budget
     from inferencepool.sim.report import Slo
@@ -234,7 +234,7 @@ def _requests(args: argparse.Namespace) -> list[TraceRequest]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from inferencepool.engine_sim.profiles import get_profile
+    from inferencepool.perf.profiles import get_profile
     from inferencepool.sim import report, search, workload
     from inferencepool.sim.compare import (
         DEPLOYED,

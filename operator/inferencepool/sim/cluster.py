@@ -54,7 +54,6 @@ from inferencepool.autoscaler.planner import (
     RouteLoad,
 )
 from inferencepool.autoscaler.policy import Recommender
-from inferencepool.engine_sim import timing
 from inferencepool.engine_sim.core import (
     DecodeRun,
     EngineCore,
@@ -68,7 +67,8 @@ from inferencepool.engine_sim.core import (
 )
 from inferencepool.engine_sim.kv import CHUNK_TOKENS, SharedPrefixIndex, chunk_hashes
 from inferencepool.engine_sim.metrics import ITL_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
-from inferencepool.engine_sim.profiles import EngineProfile
+from inferencepool.perf import timing
+from inferencepool.perf.profiles import EngineProfile
 from inferencepool.router.config import (
     AdaptiveThresholdConfig,
     PrefixAffinityConfig,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from inferencepool.api.v1alpha1 import Autoscaling, LatencyTarget
 from inferencepool.autoscaler.planner import PlannerSettings, RoleBounds
-from inferencepool.engine_sim.profiles import EngineProfile
+from inferencepool.perf.profiles import EngineProfile
 from inferencepool.sim.cluster import (
     PlannerScaling,
     PoolAutoscaling,

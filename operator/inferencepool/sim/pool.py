@@ -24,7 +24,7 @@ from inferencepool.api.v1alpha1 import InferencePool, PoolRole
 from inferencepool.autoscaler.planning import planned, planner_settings
 from inferencepool.builders.common import PoolRef
 from inferencepool.builders.router import router_config
-from inferencepool.engine_sim.profiles import EngineProfile
+from inferencepool.perf.profiles import EngineProfile
 from inferencepool.sim.cluster import PlannerScaling, PoolAutoscaling, Scenario
 
 DEPLOYED = "deployed"

@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from inferencepool.engine_sim.profiles import EngineProfile
+from inferencepool.perf.profiles import EngineProfile
 from inferencepool.sim.cluster import Scenario, ScenarioResult, simulate
 from inferencepool.sim.report import Slo
 from inferencepool.sim.workload import TraceRequest, shape
