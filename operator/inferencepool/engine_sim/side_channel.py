@@ -11,23 +11,20 @@ modelled transfer time. (LMCache p2p has sockets of its own: lmcache_p2p.py.)
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from aiohttp import ClientError, web
 
 from inferencepool.engine_sim import protocol
 from inferencepool.engine_sim.core import RemoteRead
+from inferencepool.engine_sim.host import EngineHost
 from inferencepool.engine_sim.httputil import app_runner, bound_port, error_response, json_response, url_host
 from inferencepool.perf import timing
-
-if TYPE_CHECKING:
-    from inferencepool.engine_sim.server import FakeEngine
 
 log = logging.getLogger("inferencepool.fake_engine")
 
 
 class SideChannel:
-    def __init__(self, engine: FakeEngine) -> None:
+    def __init__(self, engine: EngineHost) -> None:
         self.engine = engine
 
     async def start(self) -> tuple[web.AppRunner, int]:

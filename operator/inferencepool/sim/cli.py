@@ -448,7 +448,7 @@ def _goodput(
 ) -> int:
     from inferencepool.sim import report, search
 
-    found: list[search.Goodput] = []
+    found: list[report.Goodput] = []
     for scenario in scenarios:
         if scenario.autoscaling is not None or scenario.planner is not None:
             print(f"  {scenario.name}: skipped (goodput is defined for a fixed pool)", file=sys.stderr)
