@@ -3,6 +3,8 @@ cross max-min fairly, and a slow or busy link lands on the TTFT of disaggregated
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from inferencepool.perf import timing
@@ -143,6 +145,11 @@ def test_the_router_learns_a_slow_link_and_prefills_on_decode_pods() -> None:
         itl_target_seconds=0.1,
         chunk_itl_seconds=0.025,
     )
+    # The router's scrape of engine load off: a decode engine reports the requests waiting for their KV among
+    # its waiting ones, which the router reads as prefill work queued there (`PrefillSpeed.queue_tokens`), so
+    # on a slow link the decode pods look busy and the bypass goes the other way (decode_busy).
+    router = scenario.router_config().model_copy(update={"engine_metrics_interval_milliseconds": 0})
+    scenario = replace(scenario, router=router)
     trace = workload.shape(workload.load("azure-conv"), duration=120, rate=8)
     direct = {}
     for link in (40 * GB, 0.5 * GB):

@@ -3,14 +3,19 @@ they do in the simulator: a shared system prompt spreads, a long shared prefix s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
 from inferencepool.perf.profiles import get_profile
+from inferencepool.router.config import RouterConfig
+from inferencepool.router.pods import PodSpec
 from inferencepool.scheduling.costs import RouteCosts
 from inferencepool.scheduling.decider import Route, RouteReason
 from inferencepool.scheduling.decider import decide as choose_route_by_cost
 from inferencepool.scheduling.prefix import PrefixIndex, prompt_keys
 from inferencepool.sim.cluster import Scenario, simulate
+from inferencepool.sim.router import SimRouter
 from inferencepool.sim.workload import TraceRequest
 
 H100 = get_profile("llama-3.1-8b-h100")
@@ -90,3 +95,34 @@ def test_system_prompt_spreads_and_long_shared_prefix_stays_together() -> None:
         by_conversation.setdefault(request.block_ids[1], set()).add(record.decode_pod)
     together = sum(len(pods) == 1 for pods in by_conversation.values())
     assert together >= 30  # later turns find the pod that holds their conversation
+
+
+def test_the_simulated_router_reads_engine_load_as_the_live_one_scrapes_it() -> None:
+    """A scrape sets each pod's engine figures (`SimRouter.scrape`): a pod whose KV is full with requests
+    waiting sits out, and a pod's load is the larger of its own count and the engine's."""
+
+    @dataclass
+    class Core:
+        num_running: int
+        num_waiting: int
+        kv_usage: float
+
+    @dataclass
+    class Engine:
+        name: str
+        core: Core
+
+    config = RouterConfig.model_validate({"static": {"prefill": [], "decode": []}, "policy": "Colocated"})
+    router = SimRouter(config)
+    router.pods.apply(PodSpec(f"decode-{i}", f"http://d{i}", "decode") for i in range(2))
+    router.scrape(
+        [
+            Engine("decode-0", Core(3, 2, 0.99)),
+            Engine("decode-1", Core(1, 0, 0.5)),
+            Engine("gone", Core(0, 0, 0)),
+        ]
+    )
+    full, other = router.pods.pods["decode-0"], router.pods.pods["decode-1"]
+    assert full.kv_full and full.load == 5 and not other.kv_full and other.load == 1
+    keys = router.keys(list(range(5000)))
+    assert keys and all(router.decide(5000, keys, 0.0, 4096).decode is other for _ in range(3))

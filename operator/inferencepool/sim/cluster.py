@@ -356,7 +356,9 @@ Progress = Callable[[str, float, float], None]  # scenario name, virtual time re
 
 
 class ClusterSim:
-    _ARRIVAL, _STEP_END, _WAKE, _READY, _AUTOSCALE, _THRESHOLD, _PROGRESS, _TRANSFER, _PLAN = range(9)
+    _ARRIVAL, _STEP_END, _WAKE, _READY, _AUTOSCALE, _THRESHOLD, _PROGRESS, _TRANSFER, _PLAN, _SCRAPE = range(
+        10
+    )
 
     def __init__(
         self,
@@ -484,6 +486,9 @@ class ClusterSim:
             self._push(self.scenario.adaptive.interval_seconds, self._THRESHOLD, None)
         if self.progress is not None:
             self._push(self.progress_every, self._PROGRESS, None)
+        scrape_every = self.router.config.engine_metrics_interval_milliseconds / 1000
+        if scrape_every > 0:
+            self._push(scrape_every, self._SCRAPE, None)
         for record in self.records:
             self._push(record.arrival, self._ARRIVAL, record)
         self.pending_arrivals = len(self.records)
@@ -535,6 +540,10 @@ class ClusterSim:
                 if payload == self._transfer_wake:
                     self._transfer_wake = None
                 self._transfers_landed()
+            elif kind == self._SCRAPE:
+                self.router.scrape(self.replicas)
+                if self._busy():
+                    self._push(self.now + scrape_every, self._SCRAPE, None)
             elif kind == self._PROGRESS:
                 assert self.progress is not None
                 self.progress(self.scenario.name, self.now, self.trace[-1].arrival)

@@ -10,13 +10,15 @@ each decision, driven by the simulator's events instead of HTTP legs:
 - a decode leg goes to the pod the decision named while it takes requests, else to `PodSet.pick`, as
   `router/legs.py` does.
 
-Not modelled: the engines' own running and waiting counts and KV usage, which the live router scrapes off
-the request path (`router/engine_load.py`); with one router the pods' loads are its own requests in flight.
+- every `engineMetricsIntervalMilliseconds` the router reads each engine's running and waiting requests and
+  KV usage, as `router/engine_load.py` scrapes them off /metrics (`scrape`): a pod's load is the larger of
+  its own in-flight count and the engine's, and a pod full of KV with requests waiting sits out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 from inferencepool.router.config import RouterConfig
 from inferencepool.router.generate import MAX_PREFIX_BLOCKS
@@ -24,6 +26,27 @@ from inferencepool.router.pods import Pod, PodSet, Queued
 from inferencepool.router.tokens import ids_keys
 from inferencepool.scheduling.decider import Route
 from inferencepool.scheduling.scheduler import Decision, Scheduler
+
+
+class Engine(Protocol):
+    """What the scrape reads of an engine: vLLM's num_requests_running and _waiting, kv_cache_usage."""
+
+    @property
+    def num_running(self) -> int: ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def kv_usage(self) -> float: ...
+
+
+class Scraped(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def core(self) -> Engine: ...
 
 
 class SimRouter:
@@ -102,3 +125,16 @@ class SimRouter:
         self._release(leg)
         self._prefill_clocks.pop(leg, None)
         self._transfer_clocks.pop(leg, None)
+
+    def scrape(self, replicas: Iterable[Scraped]) -> None:
+        """The engines' own load figures, as the router's periodic read of their /metrics sets them."""
+        pods = self.pods.pods
+        for replica in replicas:
+            pod = pods.get(replica.name)
+            if pod is not None:
+                core = replica.core
+                pod.engine_running, pod.engine_waiting, pod.kv_usage = (
+                    core.num_running,
+                    core.num_waiting,
+                    core.kv_usage,
+                )
