@@ -1,10 +1,11 @@
 """The router's HTTP shell: lifecycle, the endpoint table and the small endpoints; the parts do the work.
 
-Parts, one job each: pods.py (the endpoint table with load accounting; prefix.py the prefix index and pod
-choice), engine_load.py (the engines' own load, read off the request path), legs.py (a leg to a pod of a role,
-with safe retries), generate.py (route orchestration), transfer.py (the NIXL and LMCache PD transfer modes),
-relay.py (the answer to the client, with per-chunk metrics), adaptive.py (the adaptive-threshold loop),
-calibration.py (the token estimate's calibration).
+Parts, one job each: pods.py (the endpoint table with load accounting; the pod and route choice on it is
+the scheduling core, `inferencepool.scheduling`, shared with the simulator), engine_load.py (the engines' own
+load, read off the request path), legs.py (a leg to a pod of a role, with safe retries), generate.py (route
+orchestration), transfer.py (the NIXL and LMCache PD transfer modes), relay.py (the answer to the client, with
+per-chunk metrics), adaptive.py (the adaptive-threshold loop), calibration.py (the token estimate's
+calibration).
 
 Hot-path choices, measured with `inferencepool bench router`: one event loop (uvloop) serves clients and
 calls engines through the lean HTTP/1.1 layer in http1.py, with pooled keep-alive connections; a streamed

@@ -48,7 +48,8 @@ class TokenCounter(Protocol):
 
     def measure_prefix(self, prompt: Prompt, block_tokens: int, max_blocks: int) -> tuple[int, list[int]]:
         """count() and the chained keys of the (first) prompt's whole blocks of `block_tokens` tokens (of
-        characters at a fixed ratio when there is no tokenizer), from one tokenization (prefix.py)."""
+        characters at a fixed ratio when there is no tokenizer), from one tokenization
+        (scheduling/prefix.py)."""
         ...
 
 
