@@ -7,17 +7,13 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from tests.cluster.operator_fixtures import (
-    admin_kube,
+from tests.cluster.kube_helpers import (
     children_of,
     condition,
-    crd_installed,
     event_reasons,
     example,
     get_pool,
     kubectl_ok,
-    operator,
-    operator_kubeconfig,
     wait_condition,
 )
 from tests.support.cluster import eventually
@@ -28,8 +24,6 @@ from inferencepool.kube import Kube
 
 if TYPE_CHECKING:
     from tests.support.cluster import TestCluster
-
-__all__ = ["admin_kube", "crd_installed", "operator", "operator_kubeconfig"]
 
 
 def simulated_pool(namespace: str, name: str) -> dict[str, Any]:
