@@ -21,6 +21,8 @@ from inferencepool.sim import workload
 from inferencepool.sim.cluster import ClusterSim, Scenario, ScenarioResult, simulate
 from inferencepool.sim.report import Slo, summarize
 
+pytestmark = pytest.mark.sim  # the what-if replays traces through the simulator
+
 PROFILE = get_profile("llama-3.1-8b-h100")
 SLO = Slo(0.8, 0.04)
 
