@@ -36,19 +36,14 @@ from inferencepool.api import labels
 from inferencepool.api.pods import http_url, is_ready
 from inferencepool.api.v1alpha1 import POOL_ROLES, Autoscaling, InferencePool, PoolRole, ScalingDecision
 from inferencepool.autoscaler.feed import (
-    Deltas,
-    EngineGauges,
-    EngineSample,
+    PoolFeed,
+    RolePages,
     RoleReading,
     RouterReading,
-    RouterSample,
     observation,
-    read_engine,
-    read_router,
 )
 from inferencepool.autoscaler.histogram import (
     ITL_METRIC,
-    TPOT_METRIC,
     TTFT_METRIC,
     Counts,
     Histogram,
@@ -107,8 +102,6 @@ class ScalingLimits:
 class _Role:
     recommender: Recommender = field(default_factory=Recommender)
     window: Window[Histogram] = field(default_factory=Window)
-    tpot_window: Window[Histogram] = field(default_factory=Window)  # decode, policy Planner
-    load: Deltas[EngineSample] = field(default_factory=Deltas)  # policy Planner: the interval's counts
     due: float = 0.0
     observed_milliseconds: int | None = None
     recommended: int | None = None
@@ -149,8 +142,7 @@ class PoolAutoscaler:
         self._planner: Planner | None = None
         self._plan_due = 0.0
         self._planned_at: float | None = None
-        self._router_load: Deltas[RouterSample] = Deltas()
-        self._direct_ttft: Window[Histogram] = Window()
+        self._feed = PoolFeed()  # what the planner reads from the pages, round after round
         self._restore(pool)
 
     @property
@@ -341,63 +333,45 @@ class PoolAutoscaler:
     ) -> RoleReading:
         """One role's engines: the interval's counts, the latency window, the gauges."""
         autoscaling = self.pool.spec.pool(role).autoscaling
-        window_seconds = autoscaling.window_seconds if autoscaling is not None else 60
-        percentile = autoscaling.target.percentile if autoscaling is not None else 90
         pods = await self._pods(role)
         state.unschedulable = _unschedulable(pods)
         ready_pods, pages = await self._scrape_ready(pods)
-        metric = METRIC[role][0]
-        samples: dict[str, EngineSample] = {}
-        gauges: list[EngineGauges] = []
+        parsed: list[tuple[str, Page]] = []
         for name, page in pages:
             try:
-                parsed = parse_page(page)
-                sample, gauge = read_engine(parsed, metric)
-                self._parsed.append((role, name, parsed))
+                parsed.append((name, parse_page(page)))
             except MetricsError as error:
                 log.warning("pod %s/%s: %s", self.namespace, name, error)
-                continue
-            if sample is not None:
-                samples[name] = sample
-                if sample.latency is not None:
-                    state.window.add(name, now, sample.latency)
-            tpot = read_histogram(parsed, TPOT_METRIC) if role == "decode" else None
-            if tpot is not None:
-                state.tpot_window.add(name, now, tpot)
-            if gauge is not None:
-                gauges.append(gauge)
-        state.window.keep_only(ready_pods)
-        state.tpot_window.keep_only(ready_pods)
-        latency = state.window.delta(now, window_seconds)
+        percentile = autoscaling.target.percentile if autoscaling is not None else 90
+        reading, failed = self._feed.role(
+            role,
+            now,
+            RolePages(
+                replicas=int(workload.get("spec", {}).get("replicas", 0)),
+                ready=int(workload.get("status", {}).get("readyReplicas", 0)),
+                ready_pods=frozenset(ready_pods),
+                pages=tuple(parsed),
+                window_seconds=autoscaling.window_seconds if autoscaling is not None else 60,
+                percentile=percentile,
+            ),
+        )
+        for name, why in failed:
+            log.warning("pod %s/%s: %s", self.namespace, name, why)
+        unread = {name for name, _ in failed}
+        self._parsed.extend((role, name, page) for name, page in parsed if name not in unread)
+        latency = reading.latency_window
         observed = None if latency is None else latency.quantile(percentile / 100)
         state.observed_milliseconds = None if observed is None else round(observed * 1000)
-        return RoleReading(
-            replicas=int(workload.get("spec", {}).get("replicas", 0)),
-            ready=int(workload.get("status", {}).get("readyReplicas", 0)),
-            load=state.load.step(samples),
-            latency_window=latency,
-            percentile=percentile,
-            gauges=tuple(gauges),
-            tpot_window=state.tpot_window.delta(now, window_seconds),
-        )
+        return reading
 
     async def _read_routers(self, now: float, window_seconds: float) -> RouterReading:
         """The routers' counts by route over the interval and the direct route's TTFT over the window (and
         the split and threshold `_observe_router` reports)."""
         ready_pods, pages = await self._observe_router(now, window_seconds)
-        loads: dict[str, RouterSample] = {}
-        for name, page in pages:
-            try:
-                load, direct = read_router(page)
-            except MetricsError as error:
-                log.warning("router pod %s/%s: %s", self.namespace, name, error)
-                continue
-            if load is not None:
-                loads[name] = load
-            if direct is not None:
-                self._direct_ttft.add(name, now, direct)
-        self._direct_ttft.keep_only(ready_pods)
-        return RouterReading(self._router_load.step(loads), self._direct_ttft.delta(now, window_seconds))
+        reading, failed = self._feed.routers(now, frozenset(ready_pods), pages, window_seconds)
+        for name, why in failed:
+            log.warning("router pod %s/%s: %s", self.namespace, name, why)
+        return reading
 
     async def _act(
         self,
