@@ -98,6 +98,18 @@ class ScalingLimits:
     message: str
 
 
+@dataclass(frozen=True)
+class RoleChange:
+    """What a scaling rule decided for one role, as the actuator applies it: the replicas, why, and (the
+    planner's) the figures behind it for status."""
+
+    current: int
+    replicas: int
+    reason: str
+    message: str
+    figures: dict[str, int | None] = field(default_factory=dict)
+
+
 @dataclass
 class _Role:
     recommender: Recommender = field(default_factory=Recommender)
@@ -247,33 +259,46 @@ class PoolAutoscaler:
         return list(self._readings)
 
     async def _step(self, role: PoolRole, state: _Role, settings: Autoscaling, now: float) -> None:
-        """One decision for one role, and the scaling it asks for."""
+        """One decision of the Latency rule for one role, and the scaling it asks for."""
         decided = await self._decide(role, state, settings, now)
         if decided is None:
             return
         workload, decision = decided
         state.limited = decision.message if decision.limited(settings) else None
-        current = decision.current
-        if settings.mode == "External":
-            self._recommend(role, state, decision.replicas, current, decision.message)
+        change = RoleChange(decision.current, decision.replicas, decision.reason, decision.message)
+        await self._actuate(role, state, settings, workload, change)
+
+    async def _actuate(
+        self,
+        role: PoolRole,
+        state: _Role,
+        autoscaling: Autoscaling,
+        workload: dict[str, Any],
+        change: RoleChange,
+    ) -> None:
+        """The one actuator of every scaling rule. Mode External: the change is only recommended (status,
+        metrics, an event when it moves). Mode Operator: the StatefulSet's replicas are written under the
+        autoscaler's field manager, the decision is kept for status and a ScaledUp or ScaledDown event
+        explains it."""
+        if autoscaling.mode == "External":
+            self._recommend(role, state, change.replicas, change.current, change.message)
             return
-        state.recommended = decision.replicas
-        if decision.replicas == current:
+        state.recommended = change.replicas
+        if change.replicas == change.current:
             return
         await asyncio.to_thread(
-            self.kube.apply, replicas_document(workload, decision.replicas), labels.AUTOSCALER_FIELD_MANAGER
+            self.kube.apply, replicas_document(workload, change.replicas), labels.AUTOSCALER_FIELD_MANAGER
         )
         state.last_scaling = ScalingDecision(
-            from_replicas=current,
-            replicas=decision.replicas,
-            reason=decision.reason,
-            message=decision.message,
+            from_replicas=change.current,
+            replicas=change.replicas,
+            reason=change.reason,
+            message=change.message,
             time=self._wall_clock(),
+            **change.figures,
         )
-        direction = "ScaledUp" if decision.replicas > current else "ScaledDown"
-        self._post_event(
-            pool_reference(self.pool.metadata), "Normal", direction, f"{role}: {decision.message}"
-        )
+        direction = "ScaledUp" if change.replicas > change.current else "ScaledDown"
+        self._post_event(pool_reference(self.pool.metadata), "Normal", direction, f"{role}: {change.message}")
 
     def _recommend(self, role: PoolRole, state: _Role, replicas: int, current: int, message: str) -> None:
         """Mode External: the recommendation is only reported (status, metrics, an event when it moves)."""
@@ -381,41 +406,26 @@ class PoolAutoscaler:
         workload: dict[str, Any],
         plan: RolePlan,
     ) -> None:
-        """One role's plan: the replicas written (mode Operator) or recommended (External), explained."""
+        """One role's plan, through the actuator, with the figures behind it."""
         state.limited = plan.message if plan.reason == SCALING_LIMITED else None
         # a bound across both pools (spec.scaling) holding the role below what its target needs
         cut = plan.reason in (BUDGET_LIMITED, RATIO_BOUND) and plan.replicas < plan.wanted
         state.bounded = (plan.reason, plan.message) if cut else None
-        current = plan.current
         # The planner scales up at once; the spec's step limit still holds.
-        replicas = min(plan.replicas, current + autoscaling.max_scale_up_replicas)
-        if autoscaling.mode == "External":
-            self._recommend(role, state, replicas, current, plan.message)
-            return
-        state.recommended = replicas
-        if replicas == current:
-            return
-        await asyncio.to_thread(
-            self.kube.apply, replicas_document(workload, replicas), labels.AUTOSCALER_FIELD_MANAGER
-        )
-        state.last_scaling = ScalingDecision(
-            from_replicas=current,
-            replicas=replicas,
-            reason=plan.reason,
-            message=plan.message,
-            time=self._wall_clock(),
-            wanted_replicas=plan.wanted,
-            demand_milli_engines=round(plan.demand * 1000),
-            forecast_milli_engines=round(plan.forecast * 1000),
-            capacity_milli_engines_per_replica=round(plan.capacity_per_replica * 1000),
-            correction_percent=round(plan.correction * 100),
-            observed_milliseconds=None
+        replicas = min(plan.replicas, plan.current + autoscaling.max_scale_up_replicas)
+        figures = {
+            "wanted_replicas": plan.wanted,
+            "demand_milli_engines": round(plan.demand * 1000),
+            "forecast_milli_engines": round(plan.forecast * 1000),
+            "capacity_milli_engines_per_replica": round(plan.capacity_per_replica * 1000),
+            "correction_percent": round(plan.correction * 100),
+            "observed_milliseconds": None
             if plan.observed_seconds is None
             else round(plan.observed_seconds * 1000),
-            target_milliseconds=round(plan.target_seconds * 1000),
-        )
-        direction = "ScaledUp" if replicas > current else "ScaledDown"
-        self._post_event(pool_reference(self.pool.metadata), "Normal", direction, f"{role}: {plan.message}")
+            "target_milliseconds": round(plan.target_seconds * 1000),
+        }
+        change = RoleChange(plan.current, replicas, plan.reason, plan.message, figures)
+        await self._actuate(role, state, autoscaling, workload, change)
 
     def _router_timing(self) -> tuple[float, float]:
         """The router is read as often, and over as long, as the pools are (the shortest of them)."""
