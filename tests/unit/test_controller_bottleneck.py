@@ -11,7 +11,7 @@ from tests.unit.test_diagnosis_window import Engine, Router
 
 from inferencepool.api import crd, labels
 from inferencepool.api.v1alpha1 import InferencePool, InferencePoolStatus
-from inferencepool.autoscaler.histogram import parse_page
+from inferencepool.autoscaler.histogram import Reading, parse_page
 from inferencepool.autoscaler.runner import PoolAutoscaler
 from inferencepool.controller.status import (
     Bottleneck,
@@ -25,7 +25,6 @@ from inferencepool.controller.status import (
 from inferencepool.router.policy import Route
 
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
-Reading = tuple[float, tuple[tuple[str, str, Any], ...]]
 
 
 class Pool:

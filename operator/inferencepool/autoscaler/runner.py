@@ -49,6 +49,8 @@ from inferencepool.autoscaler.histogram import (
     Histogram,
     MetricsError,
     Page,
+    PageReading,
+    Reading,
     Window,
     parse_page,
     read_counts,
@@ -81,9 +83,6 @@ ROUTES = ("direct", "disaggregated", "fallback")
 ROUTER_INTERVAL_SECONDS = 15.0
 ROUTER_WINDOW_SECONDS = 60.0
 
-# One pod's page as a round parsed it: (role, pod, page); a reading is the round's time and all of them.
-PageReading = tuple[str, str, Page]
-Reading = tuple[float, tuple[PageReading, ...]]
 
 # (the pool's object reference, event type, reason, message) -> posted; the operator passes kopf.event.
 EventSink = Callable[[dict[str, Any], str, str, str], None]

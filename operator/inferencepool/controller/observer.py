@@ -37,7 +37,6 @@ from inferencepool.controller.status import (
     status_events,
 )
 from inferencepool.kube import KubeError
-from inferencepool.kube.fields import status_managers
 from inferencepool.kube.objects import pool_reference
 from inferencepool.observability.metrics import record_status
 
@@ -115,24 +114,12 @@ class PoolObserver:
         previous = self._previous()
         document = self._compose(pool, previous, self.context.clock())
         record_status(self.context.metrics, meta.get("namespace", ""), meta.get("name", ""), document)
-        # Status written by an earlier operator under the autoscaler's manager is taken over once (see below).
-        legacy = labels.AUTOSCALER_FIELD_MANAGER in status_managers(self.body)
-        if document == self.memory.written or (
-            not legacy and not status_differs(self.body.get("status"), document)
-        ):
+        if document == self.memory.written or not status_differs(self.body.get("status"), document):
             return True
         try:
             # metadata.uid makes the write conditional: it fails rather than land on a new pool of that name.
             manifest = {**pool_reference(meta), "status": document}
             await asyncio.to_thread(self.context.kube.apply_status, manifest, labels.FIELD_MANAGER)
-            if legacy:
-                # Earlier operators wrote the autoscaler's figures under its own field manager. Now that the
-                # write above (with force) owns every field it sends, that manager lets go of the rest: what
-                # it alone held, a figure no longer reported, is removed.
-                release = pool_reference(meta)  # no status: the manager keeps no field of it
-                await asyncio.to_thread(
-                    self.context.kube.apply_status, release, labels.AUTOSCALER_FIELD_MANAGER
-                )
         except KubeError as error:
             if error.status in (404, 409):
                 log.info("pool %s/%s is gone; status not written", meta.get("namespace"), meta.get("name"))

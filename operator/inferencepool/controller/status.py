@@ -37,7 +37,7 @@ from inferencepool.api.v1alpha1 import (
     PoolStatus,
     RouterStatus,
 )
-from inferencepool.autoscaler.histogram import Page
+from inferencepool.autoscaler.histogram import Reading
 from inferencepool.diagnosis.core import diagnose
 from inferencepool.diagnosis.settings import settings_from_pool
 from inferencepool.diagnosis.status import bottleneck_condition, bottleneck_status
@@ -390,10 +390,6 @@ class Bottleneck:
 
     document: dict[str, Any]
     condition: ConditionValue
-
-
-# A reading of the autoscaler (autoscaler/runner.py): when, and each pod's page as (role, pod, page).
-Reading = tuple[float, Sequence[tuple[str, str, Page]]]
 
 
 def bottleneck_of(
