@@ -21,7 +21,7 @@ from inferencepool.autoscaler.histogram import (
     read_gauge,
     read_histogram,
 )
-from inferencepool.autoscaler.policy import (
+from inferencepool.autoscaler.latency_rule import (
     BELOW_TARGET,
     NO_TRAFFIC,
     OUT_OF_BOUNDS,

@@ -36,7 +36,7 @@ from inferencepool.autoscaler.histogram import (
     read_histogram,
 )
 from inferencepool.autoscaler.planner import MISSING_METRICS, PREFILL_BACK, Planner, RouteLoad
-from inferencepool.autoscaler.planning import capacity_seed, planner_settings
+from inferencepool.autoscaler.planner_spec import capacity_seed, planner_settings
 from inferencepool.builders.common import PoolRef, engine_name
 from inferencepool.engine_sim.core import EngineCore
 from inferencepool.engine_sim.metrics import EngineMetrics

@@ -1,11 +1,13 @@
 """The autoscaler's shell: the scaling loop of one pool, stepped by the operator's per-pool daemon.
 
-Every interval, for each role that autoscales: list the role's ready pods, scrape each one's /metrics (the
-engine's own Prometheus page: no Prometheus server needed), difference the latency histogram over the window,
-decide (policy.py), and act on the decision:
+Every interval: list the ready pods, scrape each one's /metrics (the engine's and the router's own
+Prometheus pages: no Prometheus server needed), read them (feed.PoolFeed: the interval's counts, the latency
+histograms over the window), decide (the planner, planner.py, for both roles at once; or the Latency rule,
+latency_rule.py, per role), and act on the decision through one actuator (`_actuate`):
 
 - the StatefulSet's spec.replicas, by server-side apply under labels.AUTOSCALER_FIELD_MANAGER (the operator
-  renders autoscaled StatefulSets without replicas, so the two managers never fight);
+  renders autoscaled StatefulSets without replicas, so the two managers never fight), or, in mode External,
+  a recommendation only;
 - an Event for every scaling.
 
 It also reads the routers' own metrics (share of requests through the prefill pool, the threshold in force),
@@ -57,6 +59,7 @@ from inferencepool.autoscaler.histogram import (
     read_gauge,
     read_histogram,
 )
+from inferencepool.autoscaler.latency_rule import Decision, Recommender
 from inferencepool.autoscaler.planner import (
     BUDGET_LIMITED,
     RATIO_BOUND,
@@ -64,8 +67,7 @@ from inferencepool.autoscaler.planner import (
     Planner,
     RolePlan,
 )
-from inferencepool.autoscaler.planning import capacity_seed, planned, planner_settings
-from inferencepool.autoscaler.policy import Decision, Recommender
+from inferencepool.autoscaler.planner_spec import capacity_seed, planned, planner_settings
 from inferencepool.builders.common import PoolRef, engine_name, selector_labels
 from inferencepool.kube import Kube
 from inferencepool.kube.fields import replicas_document

@@ -47,8 +47,8 @@ from dataclasses import dataclass, field, replace
 from inferencepool.api.v1alpha1 import POOL_ROLES, Autoscaling, PoolRole, RoutingPolicy
 from inferencepool.autoscaler.capacity import CapacityModel, from_profile
 from inferencepool.autoscaler.histogram import Histogram, Window
+from inferencepool.autoscaler.latency_rule import Recommender
 from inferencepool.autoscaler.planner import Plan, Planner, PlannerSettings
-from inferencepool.autoscaler.policy import Recommender
 from inferencepool.engine_sim import timing
 from inferencepool.engine_sim.core import (
     DecodeRun,
