@@ -436,12 +436,12 @@ def test_a_bound_across_both_pools_holding_a_role_below_its_need_is_scaling_limi
 
     state = scaler._roles.setdefault("decode", _Role())
     asyncio.run(scaler._act("decode", state, external, {}, plan(BUDGET_LIMITED, 3, 5)))
-    limits = scaler.scaling_limited()
+    limits = scaler.figures().limits
     assert limits is not None and (limits.limited, limits.reason) == (True, "AtGpuBudget")
     assert "decode: 3 -> 3 (BudgetLimited)" in limits.message
     asyncio.run(scaler._act("decode", state, external, {}, plan(RATIO_BOUND, 3, 4)))
-    limits = scaler.scaling_limited()
+    limits = scaler.figures().limits
     assert limits is not None and limits.reason == "AtRatioBound"
     asyncio.run(scaler._act("decode", state, external, {}, plan("Steady", 3, 3)))
-    limits = scaler.scaling_limited()
+    limits = scaler.figures().limits
     assert limits is not None and not limits.limited

@@ -17,9 +17,9 @@ from inferencepool.controller.status import (
     Bottleneck,
     Observed,
     ReconcileOutcome,
+    StatusInputs,
     WorkloadState,
     bottleneck_of,
-    compute_status,
     status_document,
 )
 from inferencepool.router.policy import Route
@@ -60,8 +60,11 @@ def compose(pool: InferencePool, bottleneck: Bottleneck | None, now: datetime = 
     observed = Observed(
         {"prefill": state, "decode": state, "router": WorkloadState("Deployment", "r", 1, 1, 1, 1, 1, 1)}
     )
-    status = compute_status(pool, 1, ReconcileOutcome(1), observed, "http://demo.default.svc", now)
-    return status_document(pool, status, {}, None, now, bottleneck)
+    endpoint = "http://demo.default.svc"
+    inputs = StatusInputs(
+        pool, 1, ReconcileOutcome(1), observed, endpoint, now, bottleneck=bottleneck, previous=pool.status
+    )
+    return status_document(inputs)
 
 
 def condition(document: dict[str, Any]) -> dict[str, Any]:

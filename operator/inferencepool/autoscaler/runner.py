@@ -11,9 +11,9 @@ latency_rule.py, per role), and act on the decision through one actuator (`_actu
 - an Event for every scaling.
 
 It also reads the routers' own metrics (share of requests through the prefill pool, the threshold in force),
-for every pool. What it learnt is handed to the operator's status composer through two pure readers:
-`status_document()` (figures) and `scaling_limited()` (the ScalingLimited condition's value); the operator
-writes the status, once, with everything else. The pages each router round parsed, every role's, are kept
+for every pool. What it learnt is handed to the operator's status composer by one pure reader, `figures()`
+(figures.AutoscalerFigures, the ScalingLimited condition's value among them); the operator writes the status,
+once, with everything else. The pages each router round parsed, every role's, are kept
 over the router's window as snapshots (`readings()`) for the operator's bottleneck diagnosis: nothing is
 scraped twice.
 
@@ -44,6 +44,7 @@ from inferencepool.autoscaler.feed import (
     RouterReading,
     observation,
 )
+from inferencepool.autoscaler.figures import AutoscalerFigures, RoleFigures, ScalingLimits
 from inferencepool.autoscaler.histogram import (
     ITL_METRIC,
     TTFT_METRIC,
@@ -88,15 +89,6 @@ ROUTER_WINDOW_SECONDS = 60.0
 
 # (the pool's object reference, event type, reason, message) -> posted; the operator passes kopf.event.
 EventSink = Callable[[dict[str, Any], str, str, str], None]
-
-
-@dataclass(frozen=True)
-class ScalingLimits:
-    """The ScalingLimited condition's value: whether a pool cannot get the replicas its target needs."""
-
-    limited: bool
-    reason: str  # PodsUnschedulable, AtMaxReplicas, AtGpuBudget, AtRatioBound (spec.scaling) or WithinLimits
-    message: str
 
 
 @dataclass(frozen=True)
@@ -535,35 +527,17 @@ class PoolAutoscaler:
         except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
             return None
 
-    def status_document(self) -> dict[str, Any]:
-        """Every status figure the autoscaler learnt, for both roles and the router (pure: reads only)."""
-        status: dict[str, Any] = {}
-        for role in POOL_ROLES:
-            state = self._roles.get(role)
-            if state is None:
-                continue
-            figures: dict[str, Any] = {}
-            if state.observed_milliseconds is not None:
-                figures["observedMilliseconds"] = state.observed_milliseconds
-            if state.last_scaling is not None:
-                figures["lastScaling"] = state.last_scaling.model_dump(
-                    mode="json", by_alias=True, exclude_none=True
-                )
-            if state.recommended is not None:
-                figures["recommendedReplicas"] = state.recommended
-            if figures:
-                status[role] = figures
-        router: dict[str, Any] = {}
-        if self.disaggregated_percent is not None:
-            router["disaggregatedPercent"] = self.disaggregated_percent
-        if self.threshold_tokens is not None and self.pool.spec.router.adaptive_threshold.enabled:
-            router["prefillThresholdTokens"] = self.threshold_tokens
-        if router:
-            status["router"] = router
-        return status
+    def figures(self) -> AutoscalerFigures:
+        """Everything the autoscaler learnt that status reports (pure: reads only)."""
+        roles = {
+            role: RoleFigures(state.observed_milliseconds, state.last_scaling, state.recommended)
+            for role, state in self._roles.items()
+        }
+        threshold = self.threshold_tokens if self.pool.spec.router.adaptive_threshold.enabled else None
+        return AutoscalerFigures(roles, self.disaggregated_percent, threshold, self._limits())
 
-    def scaling_limited(self) -> ScalingLimits | None:
-        """Whether a role wants more replicas than it can get (None when nothing autoscales; pure)."""
+    def _limits(self) -> ScalingLimits | None:
+        """Whether a role wants more replicas than it can get (None when nothing autoscales)."""
         if not self._roles:
             return None
         stuck = [

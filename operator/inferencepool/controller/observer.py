@@ -25,12 +25,11 @@ from inferencepool.controller.context import OperatorContext, PoolMemory
 from inferencepool.controller.events import post_event, post_ref_event
 from inferencepool.controller.status import (
     Bottleneck,
-    ConditionValue,
     Observed,
+    StatusInputs,
     WorkloadKey,
     WorkloadState,
     bottleneck_of,
-    compute_status,
     invalid_status_document,
     status_differs,
     status_document,
@@ -149,17 +148,18 @@ class PoolObserver:
         if pool is None or self._scaler is None:
             message = outcome.problem.message if outcome.problem is not None else "spec rejected"
             return invalid_status_document(previous, generation, message, now)
-        pool = pool.model_copy(update={"status": previous})
-        endpoint = router_endpoint(PoolRef.of(pool))
-        status = compute_status(pool, generation, outcome, self._observed(pool), endpoint, now)
-        limits = self._scaler.scaling_limited()
-        limited = (
-            None
-            if limits is None
-            else ConditionValue("True" if limits.limited else "False", limits.reason, limits.message)
+        inputs = StatusInputs(
+            pool=pool,
+            generation=generation,
+            outcome=outcome,
+            observed=self._observed(pool),
+            endpoint=router_endpoint(PoolRef.of(pool)),
+            now=now,
+            figures=self._scaler.figures(),
+            bottleneck=self._bottleneck(pool),
+            previous=previous,
         )
-        figures = self._scaler.status_document()
-        return status_document(pool, status, figures, limited, now, self._bottleneck(pool))
+        return status_document(inputs)
 
     def _bottleneck(self, pool: InferencePool) -> Bottleneck | None:
         """The diagnosis of the pages the autoscaler kept over its window (None: the last one stands)."""
