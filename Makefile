@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: demo test system-tools lint typecheck unit crd bench clean deploy-manifests chart-check observability
+.PHONY: demo test test-fast system-tools lint typecheck unit crd bench clean deploy-manifests chart-check observability
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,13 @@ test: $(STAMP) system-tools
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/pytest
+
+# The inner loop: lint, types, contracts, and the unit tier without the simulator's replays (under 2 minutes).
+test-fast: $(STAMP)
+	$(BIN)/ruff check operator tests
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/pytest -q -p no:cacheprovider -m "unit and not sim and not slow"
 
 CHART := charts/inferencepool-operator
 # helm from the control plane's build cache (the first call builds it with Go: several minutes).

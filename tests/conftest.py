@@ -16,14 +16,21 @@ import pytest
 if TYPE_CHECKING:
     from tests.support.cluster import TestCluster
 
-CLUSTER_TESTS = Path(__file__).parent / "cluster"
+TESTS = Path(__file__).parent
+TIERS = ("unit", "contract", "fuzz", "http", "cluster")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Everything under tests/cluster/ is marked `cluster`, so `-m "not cluster"` runs only the fast tiers."""
+    """Every test is marked with its tier, the folder it lives in (`-m "not cluster"` leaves the control plane
+    out), and the simulator's tests (test_sim_*.py) `sim`, so the fast tier (`-m "unit and not sim and not
+    slow"`, `make test-fast`) leaves out what takes seconds a test."""
     for item in items:
-        if CLUSTER_TESTS in Path(str(item.path)).parents:
-            item.add_marker(pytest.mark.cluster)
+        path = Path(str(item.path))
+        tier = path.relative_to(TESTS).parts[0] if TESTS in path.parents else None
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
+        if path.name.startswith("test_sim_"):
+            item.add_marker(pytest.mark.sim)
 
 
 def _progress_printer(config: pytest.Config) -> Callable[[str], None]:

@@ -9,23 +9,17 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.request
-import uuid
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from tests.cluster.operator_fixtures import (
-    admin_kube,
-    crd_installed,
+from tests.cluster import kube_helpers
+from tests.cluster.kube_helpers import (
     event_reasons,
     example,
     get_pool,
     kubectl_ok,
-    operator,
-    operator_kubeconfig,
 )
 from tests.support.cluster import eventually
 
@@ -38,60 +32,17 @@ from inferencepool.observability import metrics
 if TYPE_CHECKING:
     from tests.support.cluster import TestCluster
 
-__all__ = ["admin_kube", "crd_installed", "operator", "operator_kubeconfig"]
 
 POOL = "planned"
 TTFT_TARGET_MS = 6000
-# A prompt well past the router's 4,096-token threshold: it goes through the prefill pool. At the H100
-# profile slowed 10x one takes ~1.7 s to prefill, so two clients keep one prefill pod about busy (TTFT ~3.5 s,
-# inside the target) while the planner, sizing from the work, wants a second pod.
-LONG_PROMPT = "word " * 6000
+# The long prompts (conftest.py's `long_prompts`: two clients, ~1.7 s of prefill each at the H100 profile
+# slowed 10x) keep one prefill pod about busy (TTFT ~3.5 s, inside the target) while the planner, sizing from
+# the work, wants a second pod.
 TIME_SCALE = "10"
 
 
 def ready_urls(kube: Kube, namespace: str, role: str) -> list[str]:
-    selector = f"{labels.LABEL_POOL}={POOL},{labels.LABEL_ROLE}={role}"
-    urls = []
-    for pod in kube.list("v1", "Pod", namespace, selector):
-        status = pod.get("status", {})
-        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
-        ports = [p for c in pod["spec"]["containers"] for p in c.get("ports", []) if p.get("name") == "http"]
-        if ready and status.get("podIP") and ports:
-            urls.append(f"http://{status['podIP']}:{ports[0]['containerPort']}")
-    return urls
-
-
-@pytest.fixture
-def long_prompts(admin_kube: Kube, namespace: str) -> Iterator[threading.Event]:
-    """Two clients send long prompts through the pool's router, one after another, while the event is set."""
-    on, stop = threading.Event(), threading.Event()
-
-    def client() -> None:
-        while not stop.is_set():
-            if not on.wait(0.2):
-                continue
-            # a distinct first word: no prompt is a prefix-cache hit of another
-            prompt = f"{uuid.uuid4().hex} {LONG_PROMPT}"
-            body = json.dumps({"model": "llama-8b", "prompt": prompt, "max_tokens": 4}).encode()
-            for url in ready_urls(admin_kube, namespace, "router")[:1]:
-                request = urllib.request.Request(
-                    url + "/v1/completions", body, {"Content-Type": "application/json"}
-                )
-                try:
-                    with urllib.request.urlopen(request, timeout=60) as response:
-                        response.read()
-                except OSError:
-                    pass  # a pod going away mid-test; the next round picks the live ones
-
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    try:
-        yield on
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(70)
+    return kube_helpers.ready_urls(kube, namespace, POOL, role)
 
 
 def planned_pool(namespace: str, decode_mode: str = "Operator") -> dict[str, Any]:

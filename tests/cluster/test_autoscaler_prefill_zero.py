@@ -9,18 +9,13 @@ import json
 import threading
 from typing import TYPE_CHECKING, Any
 
-from tests.cluster.operator_fixtures import (
-    admin_kube,
-    crd_installed,
+from tests.cluster.kube_helpers import (
     example,
     kubectl_ok,
-    operator,
-    operator_kubeconfig,
 )
 from tests.cluster.test_autoscaler_planner_load import (
     POOL,
     TIME_SCALE,
-    long_prompts,
     ready_urls,
     role_status,
 )
@@ -31,8 +26,6 @@ from inferencepool.kube import Kube
 
 if TYPE_CHECKING:
     from tests.support.cluster import TestCluster
-
-__all__ = ["admin_kube", "crd_installed", "long_prompts", "operator", "operator_kubeconfig"]
 
 
 def zero_prefill_pool(namespace: str) -> dict[str, Any]:

@@ -10,15 +10,11 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from tests.cluster.operator_fixtures import (
-    admin_kube,
-    crd_installed,
+from tests.cluster.kube_helpers import (
     event_reasons,
     example,
     get_pool,
     kubectl_ok,
-    operator,
-    operator_kubeconfig,
 )
 from tests.support.cluster import eventually
 
@@ -30,7 +26,6 @@ from inferencepool.kube.fields import replicas_managers
 if TYPE_CHECKING:
     from tests.support.cluster import TestCluster
 
-__all__ = ["admin_kube", "crd_installed", "operator", "operator_kubeconfig"]
 
 POOL = "scaling"
 

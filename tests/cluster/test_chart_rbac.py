@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.cluster.operator_fixtures import admin_kube, crd_installed, example
+from tests.cluster.kube_helpers import (
+    example,
+)
 from tests.cluster.test_chart_render import CHART, RELEASE, Helm, one
 from tests.support.cluster import TestCluster, eventually
 
@@ -22,7 +24,6 @@ from inferencepool.cluster import build
 from inferencepool.controller.runtime import operator_in_thread
 from inferencepool.kube import Kube, resource_of
 
-_ = (admin_kube, crd_installed)  # fixtures, used by name
 CLUSTER_SCOPED = ({"apiextensions.k8s.io"}, {"customresourcedefinitions"})
 
 

@@ -12,15 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from tests.cluster.operator_fixtures import admin_kube, crd_installed, operator, operator_kubeconfig
 from tests.support.cluster import TestCluster, eventually
 
 from inferencepool.api import labels
 from inferencepool.api.v1alpha1 import InferencePool
 from inferencepool.builders import pool_children
 from inferencepool.controller.context import OperatorContext
-
-_ = (admin_kube, crd_installed, operator, operator_kubeconfig)  # fixtures, used by name
 
 REPO = Path(__file__).resolve().parents[2]
 

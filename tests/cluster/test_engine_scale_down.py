@@ -16,7 +16,9 @@ from typing import Any
 import aiohttp
 import pytest
 from kubernetes import client
-from tests.cluster.operator_fixtures import example
+from tests.cluster.kube_helpers import (
+    example,
+)
 from tests.support.cluster import TestCluster
 from tests.support.routers import discovering_router
 

@@ -16,14 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from tests.cluster.operator_fixtures import (
-    admin_kube,
-    crd_installed,
+from tests.cluster.kube_helpers import (
     example,
     get_pool,
     kubectl_ok,
-    operator,
-    operator_kubeconfig,
 )
 from tests.unit import recorded_pools
 from tests.unit.test_observability_argocd_health import run_health
@@ -35,7 +31,6 @@ from inferencepool.kube import Kube
 if TYPE_CHECKING:
     from tests.support.cluster import TestCluster
 
-__all__ = ["admin_kube", "crd_installed", "operator", "operator_kubeconfig"]
 
 SOURCE = Path(__file__).resolve().parents[1] / "kstatus"
 POOL = "gitops"

@@ -8,13 +8,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from tests.cluster.operator_fixtures import (
-    admin_kube,
-    crd_installed,
+from tests.cluster.kube_helpers import (
     example,
     kubectl_ok,
-    operator,
-    operator_kubeconfig,
 )
 
 from inferencepool.controller.context import OperatorContext
@@ -24,7 +20,6 @@ from inferencepool.kube import Kube
 if TYPE_CHECKING:
     from tests.support.cluster import TestCluster
 
-__all__ = ["admin_kube", "crd_installed", "operator", "operator_kubeconfig"]
 
 POOL = "shared"
 MODEL = "llama-8b"

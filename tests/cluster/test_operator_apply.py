@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tests.cluster.operator_fixtures import (
+from tests.cluster.kube_helpers import (
     ROOT,
-    admin_kube,
-    crd_installed,
     create_pool,
     example,
     get_pool,
@@ -26,7 +24,6 @@ from inferencepool.kube.fields import replicas_document, replicas_managers
 if TYPE_CHECKING:
     from tests.support.cluster import TestCluster
 
-__all__ = ["admin_kube", "crd_installed"]  # fixtures used by name
 
 # Not one of this project's images: the pod runner leaves these pods to kwok (no local router process).
 SIMULATED_ROUTER_IMAGE = "registry.invalid/router-simulated:0"

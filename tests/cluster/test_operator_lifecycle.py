@@ -6,19 +6,14 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tests.cluster.operator_fixtures import (
+from tests.cluster.kube_helpers import (
     EXAMPLES,
-    admin_kube,
     children_of,
     condition,
-    crd_installed,
     event_reasons,
     example,
     get_pool,
-    gpu_nodes_labelled,
     kubectl_ok,
-    operator,
-    operator_kubeconfig,
     settled_versions,
     wait_condition,
 )
@@ -33,7 +28,6 @@ from inferencepool.kube.fields import replicas_managers
 if TYPE_CHECKING:
     from tests.support.cluster import TestCluster
 
-__all__ = ["admin_kube", "crd_installed", "gpu_nodes_labelled", "operator", "operator_kubeconfig"]
 
 EXPECTED_CHILDREN = {
     "StatefulSet/llama-8b-prefill",

@@ -8,13 +8,9 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from tests.cluster.operator_fixtures import (
-    admin_kube,
-    crd_installed,
+from tests.cluster.kube_helpers import (
     example,
     kubectl_ok,
-    operator,
-    operator_kubeconfig,
 )
 from tests.support.cluster import eventually
 
@@ -24,7 +20,6 @@ from inferencepool.observability import metrics
 if TYPE_CHECKING:
     from tests.support.cluster import TestCluster
 
-__all__ = ["admin_kube", "crd_installed", "operator", "operator_kubeconfig"]
 
 POOL = "watched"
 

@@ -7,17 +7,13 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from tests.cluster.operator_fixtures import (
-    admin_kube,
+from tests.cluster.kube_helpers import (
     children_of,
     condition,
-    crd_installed,
     event_reasons,
     example,
     get_pool,
     kubectl_ok,
-    operator,
-    operator_kubeconfig,
     wait_condition,
 )
 from tests.support.cluster import eventually
@@ -28,8 +24,6 @@ from inferencepool.kube import Kube
 
 if TYPE_CHECKING:
     from tests.support.cluster import TestCluster
-
-__all__ = ["admin_kube", "crd_installed", "operator", "operator_kubeconfig"]
 
 
 def simulated_pool(namespace: str, name: str) -> dict[str, Any]:
@@ -133,44 +127,3 @@ def test_a_spec_the_children_cannot_take_is_degraded_naming_the_field_until_fixe
     recovered = wait_condition(admin_kube, namespace, "bad", "Degraded", "False", timeout=60)
     assert recovered["reason"] == "AsExpected"
     assert admin_kube.get("apps/v1", "StatefulSet", namespace, "bad-decode") is not None
-
-
-def test_status_an_earlier_operator_wrote_under_the_autoscalers_manager_is_taken_over(
-    cluster: TestCluster, operator: OperatorContext, admin_kube: Kube, namespace: str
-) -> None:
-    kubectl_ok(cluster, "apply", "-f", "-", input_text=json.dumps(simulated_pool(namespace, "old")))
-    # The operator has written its status (Progressing True or, once kwok's pods are ready, already False).
-    eventually(
-        lambda: any(
-            c["type"] == "Progressing"
-            for c in ((get_pool(admin_kube, namespace, "old") or {}).get("status") or {}).get(
-                "conditions", []
-            )
-        ),
-        60,
-        "the operator's first status of pool old",
-    )
-    # What operators before the single status writer left: a figure under the autoscaler's own manager.
-    legacy = {
-        "apiVersion": "serving.inferencepool.dev/v1alpha1",
-        "kind": "InferencePool",
-        "metadata": {"name": "old", "namespace": namespace},
-        "status": {"decode": {"observedMilliseconds": 999}},
-    }
-    admin_kube.apply_status(legacy, "inferencepool-autoscaler")
-
-    def managers() -> set[str]:
-        pool = get_pool(admin_kube, namespace, "old") or {}
-        fields = pool.get("metadata", {}).get("managedFields") or []
-        return {f["manager"] for f in fields if f.get("subresource") == "status"}
-
-    eventually(
-        lambda: (
-            "inferencepool-autoscaler" not in managers()
-            and "observedMilliseconds"
-            not in ((get_pool(admin_kube, namespace, "old") or {})["status"]["decode"])
-        ),
-        30,
-        "the autoscaler's manager to let go of the status",
-    )
-    assert managers() == {"inferencepool-operator"}

@@ -12,13 +12,13 @@ from typing import Any
 import yaml
 
 from inferencepool.api.v1alpha1 import InferencePool
+from inferencepool.autoscaler.figures import AutoscalerFigures, ScalingLimits
 from inferencepool.controller.status import (
-    ConditionValue,
     MissingReference,
     Observed,
     ReconcileOutcome,
+    StatusInputs,
     WorkloadState,
-    compute_status,
     status_document,
 )
 
@@ -54,12 +54,13 @@ def with_status(
     document: dict[str, Any],
     seen: Observed,
     outcome: ReconcileOutcome,
-    limited: ConditionValue | None = None,
+    limited: ScalingLimits | None = None,
 ) -> dict[str, Any]:
     pool = InferencePool.model_validate(document)
-    status = compute_status(pool, document["metadata"]["generation"], outcome, seen, ENDPOINT, NOW)
-    figures: dict[str, Any] = {}
-    return {**copy.deepcopy(document), "status": status_document(pool, status, figures, limited, NOW)}
+    generation = document["metadata"]["generation"]
+    figures = AutoscalerFigures(limits=limited)
+    inputs = StatusInputs(pool, generation, outcome, seen, ENDPOINT, NOW, figures, previous=pool.status)
+    return {**copy.deepcopy(document), "status": status_document(inputs)}
 
 
 def new() -> dict[str, Any]:
@@ -83,7 +84,7 @@ def degraded() -> dict[str, Any]:
 
 def limited() -> dict[str, Any]:
     """Serving, but the autoscaler wants more prefill replicas than maxReplicas."""
-    condition = ConditionValue("True", "AtMaxReplicas", "prefill wants 5 replicas, maxReplicas is 3")
+    condition = ScalingLimits(True, "AtMaxReplicas", "prefill wants 5 replicas, maxReplicas is 3")
     return with_status(manifest(), observed(ready=True), ReconcileOutcome(generation=1), condition)
 
 

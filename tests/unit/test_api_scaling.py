@@ -13,7 +13,7 @@ from tests.unit.test_api_crd import as_kubectl_strict, open_api_schema
 from tests.unit.test_api_models import gpu_spec
 
 from inferencepool.api.v1alpha1 import SPEC_RULES, InferencePoolSpec
-from inferencepool.autoscaler.planning import planner_settings
+from inferencepool.autoscaler.planner_spec import planner_settings
 
 
 def with_scaling(scaling: dict[str, Any], **changes: Any) -> dict[str, Any]:

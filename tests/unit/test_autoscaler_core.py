@@ -21,7 +21,7 @@ from inferencepool.autoscaler.histogram import (
     read_gauge,
     read_histogram,
 )
-from inferencepool.autoscaler.policy import (
+from inferencepool.autoscaler.latency_rule import (
     BELOW_TARGET,
     NO_TRAFFIC,
     OUT_OF_BOUNDS,
@@ -214,7 +214,7 @@ def test_wanting_more_than_max_is_limited_and_out_of_bounds_is_corrected() -> No
 
 
 @pytest.mark.parametrize("adaptive", [True, False])
-def test_status_document_carries_the_router_figures(
+def test_the_figures_carry_the_router_figures(
     adaptive: bool,
 ) -> None:
     from tests.unit.builders_examples import load_pool
@@ -233,7 +233,7 @@ def test_status_document_carries_the_router_figures(
         prefill__autoscaling={"enabled": False, "maxReplicas": 3, "target": {"ttftMilliseconds": 800}},
         decode__autoscaling={"enabled": False, "maxReplicas": 4, "target": {"itlMilliseconds": 40}},
     )
-    document = scaler.status_document()
-    expected = {"disaggregatedPercent": 42} | ({"prefillThresholdTokens": 2048} if adaptive else {})
-    assert document == {"router": expected}  # no decision yet: no ScalingLimited either
+    figures = scaler.figures()
+    assert (figures.disaggregated_percent, figures.threshold_tokens) == (42, 2048 if adaptive else None)
+    assert not figures.roles and figures.limits is None  # no decision yet: no ScalingLimited either
     assert events == []

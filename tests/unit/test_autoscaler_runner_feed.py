@@ -36,7 +36,7 @@ from inferencepool.autoscaler.histogram import (
     read_histogram,
 )
 from inferencepool.autoscaler.planner import MISSING_METRICS, PREFILL_BACK, Planner, RouteLoad
-from inferencepool.autoscaler.planning import capacity_seed, planner_settings
+from inferencepool.autoscaler.planner_spec import capacity_seed, planner_settings
 from inferencepool.builders.common import PoolRef, engine_name
 from inferencepool.engine_sim.core import EngineCore
 from inferencepool.engine_sim.metrics import EngineMetrics
@@ -436,12 +436,12 @@ def test_a_bound_across_both_pools_holding_a_role_below_its_need_is_scaling_limi
 
     state = scaler._roles.setdefault("decode", _Role())
     asyncio.run(scaler._act("decode", state, external, {}, plan(BUDGET_LIMITED, 3, 5)))
-    limits = scaler.scaling_limited()
+    limits = scaler.figures().limits
     assert limits is not None and (limits.limited, limits.reason) == (True, "AtGpuBudget")
     assert "decode: 3 -> 3 (BudgetLimited)" in limits.message
     asyncio.run(scaler._act("decode", state, external, {}, plan(RATIO_BOUND, 3, 4)))
-    limits = scaler.scaling_limited()
+    limits = scaler.figures().limits
     assert limits is not None and limits.reason == "AtRatioBound"
     asyncio.run(scaler._act("decode", state, external, {}, plan("Steady", 3, 3)))
-    limits = scaler.scaling_limited()
+    limits = scaler.figures().limits
     assert limits is not None and not limits.limited

@@ -11,21 +11,20 @@ from tests.unit.test_diagnosis_window import Engine, Router
 
 from inferencepool.api import crd, labels
 from inferencepool.api.v1alpha1 import InferencePool, InferencePoolStatus
-from inferencepool.autoscaler.histogram import parse_page
+from inferencepool.autoscaler.histogram import Reading, parse_page
 from inferencepool.autoscaler.runner import PoolAutoscaler
 from inferencepool.controller.status import (
     Bottleneck,
     Observed,
     ReconcileOutcome,
+    StatusInputs,
     WorkloadState,
     bottleneck_of,
-    compute_status,
     status_document,
 )
 from inferencepool.scheduling.decider import Route
 
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
-Reading = tuple[float, tuple[tuple[str, str, Any], ...]]
 
 
 class Pool:
@@ -61,8 +60,11 @@ def compose(pool: InferencePool, bottleneck: Bottleneck | None, now: datetime = 
     observed = Observed(
         {"prefill": state, "decode": state, "router": WorkloadState("Deployment", "r", 1, 1, 1, 1, 1, 1)}
     )
-    status = compute_status(pool, 1, ReconcileOutcome(1), observed, "http://demo.default.svc", now)
-    return status_document(pool, status, {}, None, now, bottleneck)
+    endpoint = "http://demo.default.svc"
+    inputs = StatusInputs(
+        pool, 1, ReconcileOutcome(1), observed, endpoint, now, bottleneck=bottleneck, previous=pool.status
+    )
+    return status_document(inputs)
 
 
 def condition(document: dict[str, Any]) -> dict[str, Any]:

@@ -4,25 +4,26 @@ child would refuse. No cluster needed."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import kopf
 from tests.unit.builders_examples import load_pool
 
-from inferencepool.api.v1alpha1 import InferencePoolStatus
+from inferencepool.api.v1alpha1 import InferencePoolStatus, ScalingDecision
+from inferencepool.autoscaler.figures import AutoscalerFigures, RoleFigures, ScalingLimits
 from inferencepool.autoscaler.runner import PoolAutoscaler, _Role
 from inferencepool.builders import CHILD_KINDS
 from inferencepool.controller.apply import ChildApplyError
 from inferencepool.controller.checks import resources_problem, size_problem
 from inferencepool.controller.handlers import register
 from inferencepool.controller.status import (
-    ConditionValue,
     Observed,
     ReconcileOutcome,
+    StatusInputs,
     WorkloadKey,
     WorkloadState,
-    compute_status,
     invalid_status_document,
     status_document,
     status_events,
@@ -31,8 +32,8 @@ from inferencepool.kube import KubeError
 
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 ENDPOINT = "http://llama-8b.prod.svc"
-WITHIN = ConditionValue("False", "WithinLimits", "every autoscaled pool is within its replica bounds")
-AT_MAX = ConditionValue("True", "AtMaxReplicas", "decode: wants 20 replicas, at maxReplicas 16")
+WITHIN = ScalingLimits(False, "WithinLimits", "every autoscaled pool is within its replica bounds")
+AT_MAX = ScalingLimits(True, "AtMaxReplicas", "decode: wants 20 replicas, at maxReplicas 16")
 
 
 def ready(kind: str, name: str, count: int) -> WorkloadState:
@@ -51,32 +52,28 @@ def workloads() -> Observed:
 
 
 def document_for(
-    figures: dict[str, Any],
-    limited: ConditionValue | None,
+    figures: AutoscalerFigures,
+    limited: ScalingLimits | None,
     previous: dict[str, Any] | None = None,
     now: datetime = NOW,
 ) -> dict[str, Any]:
     pool = load_pool("llama-3.1-8b.yaml")
-    if previous is not None:
-        pool.status = InferencePoolStatus.model_validate(previous)
-    status = compute_status(pool, 1, ReconcileOutcome(1), workloads(), ENDPOINT, now)
-    return status_document(pool, status, figures, limited, now)
+    before = InferencePoolStatus.model_validate(previous) if previous is not None else None
+    figures = replace(figures, limits=limited)
+    inputs = StatusInputs(pool, 1, ReconcileOutcome(1), workloads(), ENDPOINT, now, figures, previous=before)
+    return status_document(inputs)
+
+
+NONE = AutoscalerFigures()
 
 
 def test_one_document_carries_the_autoscalers_figures_and_formats_the_columns_from_them() -> None:
-    figures = {
-        "prefill": {"observedMilliseconds": 650},
-        "decode": {
-            "observedMilliseconds": 31,
-            "lastScaling": {
-                "fromReplicas": 3,
-                "replicas": 4,
-                "reason": "TargetExceeded",
-                "time": "2026-12-01T09:00:00Z",
-            },
-        },
-        "router": {"disaggregatedPercent": 30},
-    }
+    scaled = ScalingDecision.model_validate(
+        {"fromReplicas": 3, "replicas": 4, "reason": "TargetExceeded", "time": "2026-12-01T09:00:00Z"}
+    )
+    figures = AutoscalerFigures(
+        {"prefill": RoleFigures(650), "decode": RoleFigures(31, scaled)}, disaggregated_percent=30
+    )
     document = document_for(figures, WITHIN)
     assert {c["type"] for c in document["conditions"]} == {
         "Ready",
@@ -99,9 +96,9 @@ def test_one_document_carries_the_autoscalers_figures_and_formats_the_columns_fr
 
 def test_what_the_autoscaler_no_longer_reports_leaves_the_document() -> None:
     previous = document_for(
-        {"prefill": {"observedMilliseconds": 650}, "router": {"disaggregatedPercent": 30}}, WITHIN
+        AutoscalerFigures({"prefill": RoleFigures(650)}, disaggregated_percent=30), WITHIN
     )
-    document = document_for({}, None, previous)
+    document = document_for(NONE, None, previous)
     assert (
         "observedMilliseconds" not in document["prefill"] and "disaggregatedPercent" not in document["router"]
     )
@@ -113,12 +110,12 @@ def test_scaling_limited_keeps_its_transition_time_until_it_flips() -> None:
     def limited(document: dict[str, Any]) -> dict[str, Any]:
         return next(c for c in document["conditions"] if c["type"] == "ScalingLimited")
 
-    first = document_for({}, WITHIN, now=NOW)
-    later = document_for({}, WITHIN, first, now=NOW + timedelta(minutes=5))
+    first = document_for(NONE, WITHIN, now=NOW)
+    later = document_for(NONE, WITHIN, first, now=NOW + timedelta(minutes=5))
     assert (
         limited(later)["lastTransitionTime"] == limited(first)["lastTransitionTime"] == "2026-12-01T10:00:00Z"
     )
-    flipped = document_for({}, AT_MAX, later, now=NOW + timedelta(minutes=9))
+    flipped = document_for(NONE, AT_MAX, later, now=NOW + timedelta(minutes=9))
     assert (limited(flipped)["status"], limited(flipped)["reason"]) == ("True", "AtMaxReplicas")
     assert limited(flipped)["lastTransitionTime"] == "2026-12-01T10:09:00Z"
 
@@ -130,10 +127,10 @@ def test_status_changes_post_ready_not_ready_and_scaling_limited_once() -> None:
             (e.type, e.reason) for e in status_events(before, InferencePoolStatus.model_validate(current))
         ]
 
-    healthy = document_for({}, WITHIN)
+    healthy = document_for(NONE, WITHIN)
     assert events(None, healthy) == [("Normal", "Ready")]
     assert events(healthy, healthy) == []
-    limited = document_for({}, AT_MAX, healthy)
+    limited = document_for(NONE, AT_MAX, healthy)
     assert events(healthy, limited) == [("Warning", "ScalingLimited")]
     assert events(limited, limited) == []
     broken = {
@@ -213,12 +210,12 @@ def test_the_autoscalers_readers_post_nothing_and_change_nothing() -> None:
     scaler = PoolAutoscaler(
         cast(Any, None), pool, cast(Any, None), lambda _r, _t, reason, _m: events.append(reason)
     )
-    assert scaler.scaling_limited() is None  # nothing decided yet
+    assert scaler.figures().limits is None  # nothing decided yet
     state = scaler._roles.setdefault("decode", _Role())
     state.limited = "decode: wants 5 replicas, at maxReplicas 4"
-    first = (scaler.scaling_limited(), scaler.status_document())
-    assert first == (scaler.scaling_limited(), scaler.status_document())
-    assert first[0] is not None and (first[0].limited, first[0].reason) == (True, "AtMaxReplicas")
+    first = scaler.figures()
+    assert first == scaler.figures()
+    assert first.limits is not None and (first.limits.limited, first.limits.reason) == (True, "AtMaxReplicas")
     assert events == []
 
 

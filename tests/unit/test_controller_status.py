@@ -7,15 +7,16 @@ from typing import Any
 
 from tests.unit.builders_examples import load_pool
 
-from inferencepool.api.v1alpha1 import InferencePool, InferencePoolStatus
+from inferencepool.api.v1alpha1 import InferencePool, InferencePoolStatus, ScalingDecision
+from inferencepool.autoscaler.figures import AutoscalerFigures, RoleFigures
 from inferencepool.controller.status import (
     MissingReference,
     Observed,
     ReconcileOutcome,
+    StatusInputs,
     WorkloadKey,
     WorkloadState,
-    compute_status,
-    operator_status_document,
+    compose_status,
     status_differs,
 )
 
@@ -62,7 +63,8 @@ def status_of(
     now: datetime = NOW,
 ) -> InferencePoolStatus:
     outcome = outcome if outcome is not None else ReconcileOutcome(generation=1)
-    return compute_status(pool, 1, outcome, Observed(workloads), ENDPOINT, now)
+    inputs = StatusInputs(pool, 1, outcome, Observed(workloads), ENDPOINT, now, previous=pool.status)
+    return compose_status(inputs)
 
 
 def conditions(status: InferencePoolStatus) -> dict[str, tuple[str, str]]:
@@ -170,7 +172,7 @@ def test_transition_time_moves_only_when_status_changes() -> None:
     assert changed is not None and changed.last_transition_time == NOW + timedelta(minutes=9)
 
 
-def test_the_reconcile_status_document_shows_autoscaler_figures_only_in_display() -> None:
+def test_the_autoscalers_figures_come_from_the_autoscaler_not_from_the_previous_status() -> None:
     pool = load_pool("llama-3.1-8b.yaml")
     pool.status = InferencePoolStatus.model_validate(
         {
@@ -194,29 +196,35 @@ def test_the_reconcile_status_document_shows_autoscaler_figures_only_in_display(
         }
     )
     status = status_of(pool, all_ready())
-    assert status.display is not None and status.display.ttft == "650/800ms"
-    document = operator_status_document(pool, status)
-    assert "observedMilliseconds" not in document["prefill"] and "lastScaling" not in document["prefill"]
-    assert {c["type"] for c in document["conditions"]} == {
-        "Ready",
-        "Progressing",
-        "Degraded",
-        "Stalled",
-        "Reconciling",
-    }
-    assert document["display"]["ttft"] == "650/800ms"
-    # The adaptive threshold's live value is the router's; the operator does not claim the field.
-    assert "prefillThresholdTokens" not in document["router"]
+    assert status.prefill is not None and status.prefill.observed_milliseconds is None
+    assert status.prefill.last_scaling is None and status.display is not None
+    assert status.display.ttft == "-/800ms"
+    assert set(conditions(status)) == {"Ready", "Progressing", "Degraded", "Stalled", "Reconciling"}
+    # The adaptive threshold's live value is the routers' (through the autoscaler): none reported, none shown.
+    assert status.router is not None and status.router.prefill_threshold_tokens is None
     fixed = load_pool("demo-cpu.yaml")
-    assert (
-        operator_status_document(fixed, status_of(fixed, all_ready()))["router"]["prefillThresholdTokens"]
-        == 4096
+    fixed_router = status_of(fixed, all_ready()).router
+    assert fixed_router is not None and fixed_router.prefill_threshold_tokens == 4096
+    decision = ScalingDecision.model_validate(
+        {"fromReplicas": 1, "replicas": 2, "reason": "ForecastUp", "time": "2026-11-29T11:00:00Z"}
     )
+    figures = AutoscalerFigures(
+        {"prefill": RoleFigures(700, decision, 2)}, disaggregated_percent=30, threshold_tokens=2048
+    )
+    inputs = StatusInputs(pool, 1, ReconcileOutcome(1), Observed(all_ready()), ENDPOINT, NOW, figures)
+    told = compose_status(inputs)
+    assert told.prefill is not None and (told.prefill.observed_milliseconds, told.prefill.last_scaling) == (
+        700,
+        decision,
+    )
+    assert told.display is not None and told.display.ttft == "700/800ms"
+    assert told.router is not None
+    assert (told.router.prefill_threshold_tokens, told.router.disaggregated_percent) == (2048, 30)
 
 
 def test_status_differs_ignores_fields_the_operator_does_not_write() -> None:
     pool = load_pool("llama-3.1-8b.yaml")
-    document = operator_status_document(pool, status_of(pool, all_ready()))
+    document = status_of(pool, all_ready()).model_dump(mode="json", by_alias=True, exclude_none=True)
     live = {
         **document,
         "conditions": [*document["conditions"], {"type": "ScalingLimited", "status": "True"}],

@@ -10,6 +10,8 @@ import pytest
 
 from inferencepool.demo import plot as demo_plot
 
+pytestmark = pytest.mark.slow
+
 
 def role(
     desired: int,

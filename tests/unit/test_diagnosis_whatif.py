@@ -23,6 +23,8 @@ from inferencepool.sim.cluster import ClusterSim, Scenario, ScenarioResult, simu
 from inferencepool.sim.pool import deployed_scenario, load_pool
 from inferencepool.sim.report import Slo, summarize
 
+pytestmark = pytest.mark.sim  # the what-if replays traces through the simulator
+
 PROFILE = get_profile("llama-3.1-8b-h100")
 SLO = Slo(0.8, 0.04)
 

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferencepool.autoscaler import policy
+from inferencepool.autoscaler import latency_rule
 from inferencepool.observability import metrics
 from inferencepool.observability.metrics import OperatorMetrics
 
@@ -69,9 +69,11 @@ def test_unknown_figures_remove_their_series_instead_of_keeping_a_stale_one() ->
 
 def test_decision_reasons_are_a_bounded_set_covering_the_autoscalers() -> None:
     reasons = {
-        getattr(policy, name)
-        for name in dir(policy)
-        if name.isupper() and isinstance(getattr(policy, name), str) and getattr(policy, name).isalpha()
+        getattr(latency_rule, name)
+        for name in dir(latency_rule)
+        if name.isupper()
+        and isinstance(getattr(latency_rule, name), str)
+        and getattr(latency_rule, name).isalpha()
     }
     assert reasons <= set(metrics.DECISION_REASONS), reasons - set(metrics.DECISION_REASONS)
     m = OperatorMetrics()

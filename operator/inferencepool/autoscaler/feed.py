@@ -32,10 +32,15 @@ from dataclasses import dataclass, field
 from typing import Generic
 
 from inferencepool.autoscaler.histogram import (
+    ITL_METRIC,
+    TPOT_METRIC,
+    TTFT_METRIC,
     Counts,
     Histogram,
+    MetricsError,
     Page,
     Sample,
+    Window,
     read_counts,
     read_histogram,
 )
@@ -227,6 +232,96 @@ class RoleReading:
 class RouterReading:
     load: RouterSample | None  # the interval's counts, summed over the routers read twice
     direct_ttft_window: Histogram | None  # TTFT of direct prompts over the prefill percentile window
+
+
+@dataclass(frozen=True)
+class RolePages:
+    """One role's round of scrapes: its StatefulSet's replicas, its ready pods, the parsed pages of those that
+    answered."""
+
+    replicas: int  # spec.replicas
+    ready: int  # status.readyReplicas
+    ready_pods: frozenset[str]
+    pages: tuple[tuple[str, Page], ...]
+    window_seconds: float  # the percentile window
+    percentile: int
+
+
+LATENCY_METRIC = {"prefill": TTFT_METRIC, "decode": ITL_METRIC}
+
+
+@dataclass
+class _RoleFeed:
+    load: Deltas[EngineSample] = field(default_factory=Deltas)
+    latency: Window[Histogram] = field(default_factory=Window)
+    tpot: Window[Histogram] = field(default_factory=Window)
+
+
+class PoolFeed:
+    """The planner's input over successive rounds of metric pages (pure: pages in, readings out; no clock, no
+    I/O). Per role, the interval's counts (`Deltas`) and the latency histograms over the percentile window;
+    per router, its counts by route and the direct route's TTFT window. The operator's runner feeds it the
+    pages it scraped, the simulator the pages its engines and router render: both plan on what this reads."""
+
+    def __init__(self) -> None:
+        self._roles: dict[str, _RoleFeed] = {}
+        self._router_load: Deltas[RouterSample] = Deltas()
+        self._direct_ttft: Window[Histogram] = Window()
+
+    def role(self, role: str, now: float, round_: RolePages) -> tuple[RoleReading, list[tuple[str, str]]]:
+        """One role's reading, and the pods whose page could not be read, with why."""
+        feed = self._roles.setdefault(role, _RoleFeed())
+        samples: dict[str, EngineSample] = {}
+        gauges: list[EngineGauges] = []
+        failed: list[tuple[str, str]] = []
+        for name, page in round_.pages:
+            try:
+                sample, gauge = read_engine(page, LATENCY_METRIC[role])
+                tpot = read_histogram(page, TPOT_METRIC) if role == "decode" else None
+            except MetricsError as error:
+                failed.append((name, str(error)))
+                continue
+            if sample is not None:
+                samples[name] = sample
+                if sample.latency is not None:
+                    feed.latency.add(name, now, sample.latency)
+            if tpot is not None:
+                feed.tpot.add(name, now, tpot)
+            if gauge is not None:
+                gauges.append(gauge)
+        feed.latency.keep_only(set(round_.ready_pods))
+        feed.tpot.keep_only(set(round_.ready_pods))
+        reading = RoleReading(
+            replicas=round_.replicas,
+            ready=round_.ready,
+            load=feed.load.step(samples),
+            latency_window=feed.latency.delta(now, round_.window_seconds),
+            percentile=round_.percentile,
+            gauges=tuple(gauges),
+            tpot_window=feed.tpot.delta(now, round_.window_seconds),
+        )
+        return reading, failed
+
+    def routers(
+        self, now: float, ready_pods: frozenset[str], pages: list[tuple[str, Page]], window_seconds: float
+    ) -> tuple[RouterReading, list[tuple[str, str]]]:
+        """The routers' counts by route over the interval and the direct route's TTFT over the window, and the
+        pods whose page could not be read, with why."""
+        loads: dict[str, RouterSample] = {}
+        failed: list[tuple[str, str]] = []
+        for name, page in pages:
+            try:
+                load, direct = read_router(page)
+            except MetricsError as error:
+                failed.append((name, str(error)))
+                continue
+            if load is not None:
+                loads[name] = load
+            if direct is not None:
+                self._direct_ttft.add(name, now, direct)
+        self._direct_ttft.keep_only(set(ready_pods))
+        reading = RouterReading(self._router_load.step(loads), self._direct_ttft.delta(now, window_seconds))
+        return reading, failed
 
 
 def observation(

@@ -10,6 +10,7 @@ dashboard agree.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, Self, TypeVar
 
@@ -96,6 +97,10 @@ class Histogram:
 
 # A parsed metrics page: family name -> its samples (name, labels, value).
 Page = dict[str, list[tuple[str, dict[str, str], float]]]
+# One pod's page as a round of the autoscaler parsed it, (role, pod, page); a reading is the round's time and
+# all of them (what the bottleneck diagnosis reads).
+PageReading = tuple[str, str, Page]
+Reading = tuple[float, Sequence[PageReading]]
 
 
 def parse_page(text: str) -> Page:

@@ -239,6 +239,71 @@ class _RoleState:
     bursts: BurstMemory | None = None
 
 
+@dataclass(frozen=True)
+class _RoleSeen:
+    """Observe: one role's interval, as the planner read it (work in engine-seconds per second)."""
+
+    role: str
+    signals: PoolSignals
+    work: float  # what the role's replicas compute: prefill, or decode's direct prefill plus generation
+    prefill_work: float  # of it, prefill of the role's own route (bursts are counted on it)
+    over: bool  # over target with every replica up
+    observed: float | None  # the latency held against the target
+    target: float
+    signal: str  # TTFT, TPOT or ITL
+    generating: float = 0.0  # decode: delta x generated tokens per second
+
+
+@dataclass(frozen=True)
+class _Seen:
+    prefill: _RoleSeen
+    decode: _RoleSeen
+    t0: float  # decode's base step at the mean context
+
+
+@dataclass(frozen=True)
+class _RoleAhead:
+    """Forecast: one role's load, corrected."""
+
+    demand: float  # the interval's work, kappa applied
+    forecast: float  # one model load ahead, headroom and latency factor applied
+    burst: float  # replicas' worth of the q-quantile burst and today's level
+
+
+@dataclass(frozen=True)
+class _Ahead:
+    prefill: _RoleAhead
+    decode: _RoleAhead
+
+
+@dataclass(frozen=True)
+class _RoleNeed:
+    """Size: what one role wants before the step and bounds."""
+
+    current: int
+    wanted: int
+    reason: str
+    capacity: float  # engine-seconds per second one replica carries at the target
+    forecast: float  # the work it is sized for (decode: with prefill's while that pool is at zero)
+    share: float  # replicas' worth of it
+    kv_replicas: int = 0
+
+
+@dataclass(frozen=True)
+class _Need:
+    prefill: _RoleNeed
+    decode: _RoleNeed
+
+
+@dataclass(frozen=True)
+class _Bounded:
+    """Bound: the replicas one role gets now, and what it wanted after the scale-down hysteresis."""
+
+    replicas: int
+    wanted: int
+    reason: str
+
+
 def _utilisation_cap(target: float, service: float, wait_factor: float, ceiling: float) -> float:
     """The highest utilisation at which service + wait_factor x the M/D/1 mean wait stays under target."""
     if service <= 0:
@@ -356,237 +421,221 @@ class Planner:
         return False
 
     def decide(self, obs: Observation) -> Plan:
-        s = self.settings
+        """One decision, in the phases of Dynamo's planner: observe (the interval's demand, and the
+        corrections and latency feedback it teaches), forecast (one model load ahead, and the bursts to stand
+        ready for), size (replicas per role at the target, prefill at zero weighed), bound (hysteresis, one
+        step down, the replica, ratio and GPU bounds). Acting on the plan is the runner's (its actuator)."""
         if self._first is None:
             self._first = obs.now
         if obs.to_prefill is None or obs.direct is None or obs.generated_tokens is None:
             return self._keep(obs, "router or engine counters missing for this interval")
+        self._now = obs.now
+        seen = self._observe(obs, obs.to_prefill, obs.direct, obs.generated_tokens)
+        ahead = _Ahead(
+            self._forecast_role("prefill", seen.prefill, obs.to_prefill),
+            self._forecast_role("decode", seen.decode, obs.direct),
+        )
+        need = self._size(obs, obs.to_prefill, obs.direct, seen, ahead)
+        prefill, decode = self._bound(obs.now, need)
+        return Plan(
+            obs.now,
+            self._explain(seen.prefill, ahead.prefill, need.prefill, prefill),
+            self._explain(seen.decode, ahead.decode, need.decode, decode),
+        )
+
+    # ----- observe -----
+
+    def _observe(self, obs: Observation, to_prefill: RouteLoad, direct: RouteLoad, generated: int) -> _Seen:
+        """Each role's demand over the interval, in engine-seconds per second, and what it teaches: the
+        correction (observed over predicted utilisation), the latency factor, and decode's spread."""
         interval = max(obs.interval_seconds, 1e-9)
         model = self.model
-        self._now = obs.now
+        w_p = to_prefill.work(model) / interval
+        prefill = self._observe_prefill(obs.prefill, w_p)
+        context = obs.decode.mean_context_tokens
+        if context is None:
+            total = direct.prompts + to_prefill.prompts
+            tokens = direct.prompt_tokens + to_prefill.prompt_tokens
+            context = tokens / total if total else 1024.0
+        t0, delta = model.decode_step(context)
+        w_d = direct.work(model) / interval
+        generating = delta * (generated / interval)
+        w_bypassed = 0.0 if obs.bypassed is None else obs.bypassed.work(model) / interval
+        on_decode = w_p if obs.prefill.ready == 0 else w_bypassed  # prefill work the decode pods did
+        return _Seen(prefill, self._observe_decode(obs.decode, w_d, generating, on_decode, t0), t0)
 
-        # ----- prefill -----
-        w_p = obs.to_prefill.work(model) / interval
-        prefill_ready = obs.prefill.ready
-        if prefill_ready > 0:
-            self._correct("prefill", obs.prefill.busy_fraction, w_p / prefill_ready)
-        p_state = self._state["prefill"]
-        p_ratio = (
-            None
-            if obs.prefill.observed_seconds is None
-            else obs.prefill.observed_seconds / s.ttft_target_seconds
-        )
-        p_over = self._feedback(
+    def _observe_prefill(self, signals: PoolSignals, w_p: float) -> _RoleSeen:
+        s = self.settings
+        if signals.ready > 0:
+            self._correct("prefill", signals.busy_fraction, w_p / signals.ready)
+        observed = signals.observed_seconds
+        over = self._feedback(
             "prefill",
-            p_ratio,
-            prefill_ready >= obs.prefill.replicas > 0,
-            gone=obs.prefill.replicas == 0 and prefill_ready == 0,
+            None if observed is None else observed / s.ttft_target_seconds,
+            signals.ready >= signals.replicas > 0,
+            gone=signals.replicas == 0 and signals.ready == 0,
         )
+        return _RoleSeen("prefill", signals, w_p, w_p, over, observed, s.ttft_target_seconds, "TTFT")
+
+    def _observe_decode(
+        self, signals: PoolSignals, w_d: float, generating: float, on_decode: float, t0: float
+    ) -> _RoleSeen:
+        """Decode's latency is held as the worse of its signal (TPOT or the gaps) over the ITL target and
+        the direct prompts' TTFT over the TTFT target."""
+        s = self.settings
+        work = w_d + generating
+        predicted_u = (work + on_decode) / max(signals.ready, 1)
+        mean_itl = signals.mean_itl_seconds
+        observed_u = None if mean_itl is None or mean_itl <= 0 else max(0.0, 1 - t0 / mean_itl)
+        if signals.ready > 0:
+            self._correct("decode", observed_u, predicted_u)
+        signal, observed = self._decode_signal(signals)
+        direct_ttft = signals.direct_ttft_seconds
+        ratios = [
+            r
+            for r in (
+                None if observed is None else observed / s.itl_target_seconds,
+                None if direct_ttft is None else direct_ttft / s.ttft_target_seconds,
+            )
+            if r is not None
+        ]
+        over = self._feedback(
+            "decode", max(ratios) if ratios else None, signals.ready >= signals.replicas > 0
+        )
+        self._learn_spread(observed, signals, predicted_u if signals.ready > 0 else 0.0)
+        return _RoleSeen(
+            "decode", signals, work, w_d, over, observed, s.itl_target_seconds, signal, generating
+        )
+
+    # ----- forecast -----
+
+    def _forecast_role(self, role: str, seen: _RoleSeen, load: RouteLoad) -> _RoleAhead:
+        """The role's work one model load ahead (correction, headroom and latency factor applied), and the
+        burst it stands ready for, in replicas' worth of work (its generation on top, for decode)."""
+        state = self._state[role]
+        forecast = self._forecast(role, "work", self._now, seen.work)
+        burst = self._burst(role, load, seen.prefill_work) + seen.generating
+        return _RoleAhead(
+            demand=state.correction * seen.work,
+            forecast=forecast * state.correction * self.settings.headroom * state.latency_factor,
+            burst=burst * state.correction,
+        )
+
+    # ----- size -----
+
+    def _size(
+        self, obs: Observation, to_prefill: RouteLoad, direct: RouteLoad, seen: _Seen, ahead: _Ahead
+    ) -> _Need:
+        """Replicas per role at the target: prefill first (with its pool; zero is weighed), then decode,
+        which takes the prefill pool's work while that is at zero and holds its KV; each with a guard of
+        one more replica when the pool is over its target with every replica up."""
+        s, model = self.settings, self.model
         mean_prompt = (
-            obs.to_prefill.prompt_tokens / obs.to_prefill.prompts
-            if obs.to_prefill.prompts
-            else model.chunk_tokens
+            to_prefill.prompt_tokens / to_prefill.prompts if to_prefill.prompts else model.chunk_tokens
         )
         p_cap = _utilisation_cap(
             s.ttft_target_seconds, model.idle_prefill_seconds(mean_prompt), s.wait_factor, s.max_utilisation
         )
-        p_demand = p_state.correction * w_p
-        p_forecast = (
-            self._forecast("prefill", "work", obs.now, w_p)
-            * p_state.correction
-            * s.headroom
-            * p_state.latency_factor
-        )
-        p_burst = self._burst("prefill", obs.to_prefill, w_p) * p_state.correction
-        p_share = max(p_forecast / p_cap, p_burst)  # replicas' worth of prefill load
-        bounds_p = s.prefill
-        current_p = obs.prefill.replicas
-        p_reason = ""
-        wanted_p = max(1, math.ceil(p_share - 1e-9))  # with a prefill pool; zero is weighed below
-        if p_over and wanted_p <= current_p and current_p > 0:
+        p_share = max(ahead.prefill.forecast / p_cap, ahead.prefill.burst)  # replicas' worth of prefill load
+        current_p, current_d = obs.prefill.replicas, obs.decode.replicas
+        wanted_p, p_reason = max(1, math.ceil(p_share - 1e-9)), ""
+        if seen.prefill.over and wanted_p <= current_p and current_p > 0:
             wanted_p, p_reason = current_p + 1, LATENCY_GUARD
-
-        # ----- decode -----
-        generated = obs.generated_tokens / interval
-        w_d = obs.direct.work(model) / interval
-        context = obs.decode.mean_context_tokens
-        if context is None:
-            total = obs.direct.prompts + obs.to_prefill.prompts
-            tokens = obs.direct.prompt_tokens + obs.to_prefill.prompt_tokens
-            context = tokens / total if total else 1024.0
-        t0, delta = model.decode_step(context)
-        decode_ready = obs.decode.ready
-        w_bypassed = 0.0 if obs.bypassed is None else obs.bypassed.work(model) / interval
-        on_decode = w_p if prefill_ready == 0 else w_bypassed  # prefill work the decode pods did
-        predicted_u = (w_d + delta * generated + on_decode) / max(decode_ready, 1)
-        observed_u = (
-            None
-            if obs.decode.mean_itl_seconds is None or obs.decode.mean_itl_seconds <= 0
-            else max(0.0, 1 - t0 / obs.decode.mean_itl_seconds)
-        )
-        if decode_ready > 0:
-            self._correct("decode", observed_u, predicted_u)
-        d_state = self._state["decode"]
-        d_signal, d_observed = self._decode_signal(obs.decode)
-        ratios = [
-            r
-            for r in (
-                None if d_observed is None else d_observed / s.itl_target_seconds,
-                None
-                if obs.decode.direct_ttft_seconds is None
-                else obs.decode.direct_ttft_seconds / s.ttft_target_seconds,
-            )
-            if r is not None
-        ]
-        d_ratio = max(ratios) if ratios else None
-        d_over = self._feedback("decode", d_ratio, decode_ready >= obs.decode.replicas > 0)
-        mean_direct = obs.direct.prompt_tokens / obs.direct.prompts if obs.direct.prompts else 256.0
-        self._learn_spread(d_observed, obs.decode, predicted_u if decode_ready > 0 else 0.0)
-        # the mean step must leave the percentile (spread x the mean) under the target
-        itl_cap = 1 - t0 * d_state.spread / (s.itl_fill * s.itl_target_seconds)
-        d_cap = max(
-            0.05,
-            min(
-                itl_cap,
-                _utilisation_cap(
-                    s.ttft_target_seconds,
-                    model.idle_prefill_seconds(mean_direct),
-                    s.wait_factor,
-                    s.max_utilisation,
-                ),
-            ),
-        )
-        d_work = d_state.correction * (w_d + delta * generated)
-        d_forecast = (
-            self._forecast("decode", "work", obs.now, w_d + delta * generated)
-            * d_state.correction
-            * s.headroom
-            * d_state.latency_factor
-        )
-        d_burst = (self._burst("decode", obs.direct, w_d) + delta * generated) * d_state.correction
-        if bounds_p.min_replicas == 0 and p_reason != LATENCY_GUARD:
-            # Without a prefill pool the decode pods prefill its prompts too, at the decode pods' capacity
-            # (held down by the ITL target); keep the pool only where that costs more replicas in all.
-            # Hysteresis: the pool goes only when zero is strictly cheaper, comes back only when it is.
-            with_pool = wanted_p + max(1, math.ceil(d_forecast / d_cap - 1e-9), math.ceil(d_burst - 1e-9))
-            without = max(
-                1, math.ceil((d_forecast + p_forecast) / d_cap - 1e-9), math.ceil(d_burst + p_burst - 1e-9)
-            )
-            if (
-                without < with_pool
-                or (current_p == 0 and without <= with_pool)
-                or p_share < s.zero_prefill_below
-            ):
-                wanted_p = 0
-                p_reason = PREFILL_TO_ZERO if current_p > 0 else STEADY
-            elif current_p == 0:
-                p_reason = PREFILL_BACK
+        d_cap = self._decode_capacity(direct, seen.t0)
+        d_forecast, d_burst = ahead.decode.forecast, ahead.decode.burst
+        if s.prefill.min_replicas == 0 and p_reason != LATENCY_GUARD:
+            wanted_p, p_reason = self._weigh_prefill_zero(current_p, wanted_p, p_share, ahead, d_cap)
         if wanted_p == 0:
-            d_forecast += p_forecast  # no prefill pool: the decode pods prefill what it would have
-            d_burst += p_burst
-        kv_tokens = (obs.decode.kv_usage or 0.0) * model.kv_capacity_tokens * max(decode_ready, 0)
+            d_forecast += (
+                ahead.prefill.forecast
+            )  # no prefill pool: the decode pods prefill what it would have
+            d_burst += ahead.prefill.burst
+        kv_tokens = (obs.decode.kv_usage or 0.0) * model.kv_capacity_tokens * max(obs.decode.ready, 0)
         kv_replicas = math.ceil(kv_tokens / (s.kv_fill * model.kv_capacity_tokens) - 1e-9)
         wanted_d = max(1, math.ceil(d_forecast / d_cap - 1e-9), math.ceil(d_burst - 1e-9), kv_replicas)
         d_reason = ""
-        current_d = obs.decode.replicas
-        if wanted_p > 0 and prefill_ready == 0 and wanted_d < current_d:
+        if wanted_p > 0 and obs.prefill.ready == 0 and wanted_d < current_d:
             wanted_d = current_d  # the decode pods prefill everything until a prefill pod is up
-        if d_over and wanted_d <= current_d:
+        if seen.decode.over and wanted_d <= current_d:
             wanted_d, d_reason = current_d + 1, LATENCY_GUARD
+        return _Need(
+            _RoleNeed(current_p, wanted_p, p_reason, p_cap, ahead.prefill.forecast, p_share),
+            _RoleNeed(current_d, wanted_d, d_reason, d_cap, d_forecast, d_forecast / d_cap, kv_replicas),
+        )
 
-        # ----- actuation and bounds -----
-        # hysteresis: a pool shrinks only when one replica fewer would still carry the demand plus a margin
+    def _decode_capacity(self, direct: RouteLoad, t0: float) -> float:
+        """The share of each second one decode replica has for work beyond its base steps: the mean step
+        must leave the percentile (spread x the mean) under the ITL target, and the direct prompts' TTFT
+        under its own."""
+        s = self.settings
+        itl_cap = 1 - t0 * self._state["decode"].spread / (s.itl_fill * s.itl_target_seconds)
+        mean_direct = direct.prompt_tokens / direct.prompts if direct.prompts else 256.0
+        ttft_cap = _utilisation_cap(
+            s.ttft_target_seconds,
+            self.model.idle_prefill_seconds(mean_direct),
+            s.wait_factor,
+            s.max_utilisation,
+        )
+        return max(0.05, min(itl_cap, ttft_cap))
+
+    def _weigh_prefill_zero(
+        self, current_p: int, wanted_p: int, p_share: float, ahead: _Ahead, d_cap: float
+    ) -> tuple[int, str]:
+        """Without a prefill pool the decode pods prefill its prompts too, at the decode pods' capacity (held
+        down by the ITL target): keep the pool only where that costs more replicas in all. Hysteresis: the
+        pool goes only when zero is strictly cheaper, and comes back only when keeping it is."""
+        p, d = ahead.prefill, ahead.decode
+        with_pool = wanted_p + max(1, math.ceil(d.forecast / d_cap - 1e-9), math.ceil(d.burst - 1e-9))
+        without = max(
+            1, math.ceil((d.forecast + p.forecast) / d_cap - 1e-9), math.ceil(d.burst + p.burst - 1e-9)
+        )
+        cheaper = without < with_pool or (current_p == 0 and without <= with_pool)
+        if cheaper or p_share < self.settings.zero_prefill_below:
+            return 0, PREFILL_TO_ZERO if current_p > 0 else STEADY
+        return wanted_p, PREFILL_BACK if current_p == 0 else ""
+
+    # ----- bound -----
+
+    def _bound(self, now: float, need: _Need) -> tuple[_Bounded, _Bounded]:
+        """From what each role wants to what it gets now: a pool shrinks only when one replica fewer would
+        still carry the demand plus a margin, then one step and not right after a scale-up; then the min/max
+        bounds, the prefill:decode ratio and the GPU budget."""
+        s, p, d = self.settings, need.prefill, need.decode
         margin = 1 + s.scale_down_margin
-        if 0 < wanted_p < current_p and math.ceil(p_share * margin - 1e-9) >= current_p:
-            wanted_p = current_p
+        wanted_p, wanted_d = p.wanted, d.wanted
+        if 0 < wanted_p < p.current and math.ceil(p.share * margin - 1e-9) >= p.current:
+            wanted_p = p.current
         if (
-            wanted_d < current_d
-            and max(math.ceil(d_forecast * margin / d_cap - 1e-9), kv_replicas) >= current_d
+            wanted_d < d.current
+            and max(math.ceil(d.forecast * margin / d.capacity - 1e-9), d.kv_replicas) >= d.current
         ):
-            wanted_d = current_d
-        replicas_p, p_reason = self._actuate("prefill", obs.now, current_p, wanted_p, p_reason, bounds_p)
-        replicas_d, d_reason = self._actuate("decode", obs.now, current_d, wanted_d, d_reason, s.decode)
+            wanted_d = d.current
+        replicas_p, p_reason = self._step_toward("prefill", now, p.current, wanted_p, p.reason, s.prefill)
+        replicas_d, d_reason = self._step_toward("decode", now, d.current, wanted_d, d.reason, s.decode)
         if s.ratio_bounds is not None and replicas_p > 0:
-            low, high = s.ratio_bounds
-            most = bounds_p.max_replicas if math.isinf(high) else max(1, math.floor(high * replicas_d + 1e-9))
-            bounded = min(max(replicas_p, math.ceil(low * replicas_d - 1e-9)), most)
-            bounded = min(max(bounded, max(1, bounds_p.min_replicas)), bounds_p.max_replicas)
+            bounded = self._ratio_bound(replicas_p, replicas_d)
             if bounded != replicas_p:
                 replicas_p, p_reason = bounded, RATIO_BOUND
         if s.gpu_budget is not None:
-            replicas_p, replicas_d, limited = self._fit_budget(
-                replicas_p, replicas_d, p_share, d_forecast / d_cap
-            )
+            replicas_p, replicas_d, limited = self._fit_budget(replicas_p, replicas_d, p.share, d.share)
             if limited:
                 p_reason = BUDGET_LIMITED if limited in ("prefill", "both") else p_reason
                 d_reason = BUDGET_LIMITED if limited in ("decode", "both") else d_reason
-        for role, before, after in (("prefill", current_p, replicas_p), ("decode", current_d, replicas_d)):
+        for role, before, after in (("prefill", p.current, replicas_p), ("decode", d.current, replicas_d)):
             if after > before:
-                self._state[role].last_scale_up = obs.now
+                self._state[role].last_scale_up = now
+        return _Bounded(replicas_p, wanted_p, p_reason), _Bounded(replicas_d, wanted_d, d_reason)
 
-        prefill_plan = RolePlan(
-            "prefill",
-            current_p,
-            prefill_ready,
-            replicas_p,
-            wanted_p,
-            p_reason,
-            self._message(
-                current_p,
-                replicas_p,
-                wanted_p,
-                p_reason,
-                p_demand,
-                p_forecast,
-                p_cap,
-                p_state,
-                obs.prefill.observed_seconds,
-                s.ttft_target_seconds,
-                "TTFT",
-            ),
-            p_demand,
-            p_forecast,
-            p_cap,
-            p_state.correction,
-            p_state.latency_factor,
-            obs.prefill.observed_seconds,
-            s.ttft_target_seconds,
-            "TTFT",
-        )
-        decode_plan = RolePlan(
-            "decode",
-            current_d,
-            decode_ready,
-            replicas_d,
-            wanted_d,
-            d_reason,
-            self._message(
-                current_d,
-                replicas_d,
-                wanted_d,
-                d_reason,
-                d_work,
-                d_forecast,
-                d_cap,
-                d_state,
-                d_observed,
-                s.itl_target_seconds,
-                d_signal,
-            )
-            + (f", {d_signal} spread {d_state.spread:.2f}" if d_state.spread > 1.005 else "")
-            + (f", KV needs {kv_replicas}" if kv_replicas > 1 else ""),
-            d_work,
-            d_forecast,
-            d_cap,
-            d_state.correction,
-            d_state.latency_factor,
-            d_observed,
-            s.itl_target_seconds,
-            d_signal,
-        )
-        return Plan(obs.now, prefill_plan, decode_plan)
+    def _ratio_bound(self, prefill: int, decode: int) -> int:
+        """Prefill replicas within the prefill:decode ratio bounds (and the prefill pool's own bounds)."""
+        s = self.settings
+        assert s.ratio_bounds is not None
+        low, high = s.ratio_bounds
+        most = s.prefill.max_replicas if math.isinf(high) else max(1, math.floor(high * decode + 1e-9))
+        bounded = min(max(prefill, math.ceil(low * decode - 1e-9)), most)
+        return min(max(bounded, max(1, s.prefill.min_replicas)), s.prefill.max_replicas)
 
-    def _actuate(
+    def _step_toward(
         self, role: str, now: float, current: int, wanted: int, reason: str, bounds: RoleBounds
     ) -> tuple[int, str]:
         """Scale up at once, down one step when no scale-up happened lately; then the min/max bounds."""
@@ -607,6 +656,44 @@ class Planner:
         if wanted > bounds.max_replicas and bounded == bounds.max_replicas:
             reason = SCALING_LIMITED
         return bounded, reason
+
+    # ----- explain -----
+
+    def _explain(self, seen: _RoleSeen, ahead: _RoleAhead, need: _RoleNeed, bounded: _Bounded) -> RolePlan:
+        state = self._state[seen.role]
+        message = self._message(
+            need.current,
+            bounded.replicas,
+            bounded.wanted,
+            bounded.reason,
+            ahead.demand,
+            need.forecast,
+            need.capacity,
+            state,
+            seen.observed,
+            seen.target,
+            seen.signal,
+        )
+        if seen.role == "decode":
+            message += f", {seen.signal} spread {state.spread:.2f}" if state.spread > 1.005 else ""
+            message += f", KV needs {need.kv_replicas}" if need.kv_replicas > 1 else ""
+        return RolePlan(
+            seen.role,
+            need.current,
+            seen.signals.ready,
+            bounded.replicas,
+            bounded.wanted,
+            bounded.reason,
+            message,
+            ahead.demand,
+            need.forecast,
+            need.capacity,
+            state.correction,
+            state.latency_factor,
+            seen.observed,
+            seen.target,
+            seen.signal,
+        )
 
     def _fit_budget(
         self, prefill: int, decode: int, prefill_need: float, decode_need: float

@@ -1,17 +1,19 @@
 """The autoscaler's shell: the scaling loop of one pool, stepped by the operator's per-pool daemon.
 
-Every interval, for each role that autoscales: list the role's ready pods, scrape each one's /metrics (the
-engine's own Prometheus page: no Prometheus server needed), difference the latency histogram over the window,
-decide (policy.py), and act on the decision:
+Every interval: list the ready pods, scrape each one's /metrics (the engine's and the router's own
+Prometheus pages: no Prometheus server needed), read them (feed.PoolFeed: the interval's counts, the latency
+histograms over the window), decide (the planner, planner.py, for both roles at once; or the Latency rule,
+latency_rule.py, per role), and act on the decision through one actuator (`_actuate`):
 
 - the StatefulSet's spec.replicas, by server-side apply under labels.AUTOSCALER_FIELD_MANAGER (the operator
-  renders autoscaled StatefulSets without replicas, so the two managers never fight);
+  renders autoscaled StatefulSets without replicas, so the two managers never fight), or, in mode External,
+  a recommendation only;
 - an Event for every scaling.
 
 It also reads the routers' own metrics (share of requests through the prefill pool, the threshold in force),
-for every pool. What it learnt is handed to the operator's status composer through two pure readers:
-`status_document()` (figures) and `scaling_limited()` (the ScalingLimited condition's value); the operator
-writes the status, once, with everything else. The pages each router round parsed, every role's, are kept
+for every pool. What it learnt is handed to the operator's status composer by one pure reader, `figures()`
+(figures.AutoscalerFigures, the ScalingLimited condition's value among them); the operator writes the status,
+once, with everything else. The pages each router round parsed, every role's, are kept
 over the router's window as snapshots (`readings()`) for the operator's bottleneck diagnosis: nothing is
 scraped twice.
 
@@ -36,30 +38,29 @@ from inferencepool.api import labels
 from inferencepool.api.pods import http_url, is_ready
 from inferencepool.api.v1alpha1 import POOL_ROLES, Autoscaling, InferencePool, PoolRole, ScalingDecision
 from inferencepool.autoscaler.feed import (
-    Deltas,
-    EngineGauges,
-    EngineSample,
+    PoolFeed,
+    RolePages,
     RoleReading,
     RouterReading,
-    RouterSample,
     observation,
-    read_engine,
-    read_router,
 )
+from inferencepool.autoscaler.figures import AutoscalerFigures, RoleFigures, ScalingLimits
 from inferencepool.autoscaler.histogram import (
     ITL_METRIC,
-    TPOT_METRIC,
     TTFT_METRIC,
     Counts,
     Histogram,
     MetricsError,
     Page,
+    PageReading,
+    Reading,
     Window,
     parse_page,
     read_counts,
     read_gauge,
     read_histogram,
 )
+from inferencepool.autoscaler.latency_rule import Decision, Recommender
 from inferencepool.autoscaler.planner import (
     BUDGET_LIMITED,
     RATIO_BOUND,
@@ -67,8 +68,7 @@ from inferencepool.autoscaler.planner import (
     Planner,
     RolePlan,
 )
-from inferencepool.autoscaler.planning import capacity_seed, planned, planner_settings
-from inferencepool.autoscaler.policy import Decision, Recommender
+from inferencepool.autoscaler.planner_spec import capacity_seed, planned, planner_settings
 from inferencepool.builders.common import PoolRef, engine_name, selector_labels
 from inferencepool.kube import Kube
 from inferencepool.kube.fields import replicas_document
@@ -86,29 +86,27 @@ ROUTES = ("direct", "disaggregated", "fallback")
 ROUTER_INTERVAL_SECONDS = 15.0
 ROUTER_WINDOW_SECONDS = 60.0
 
-# One pod's page as a round parsed it: (role, pod, page); a reading is the round's time and all of them.
-PageReading = tuple[str, str, Page]
-Reading = tuple[float, tuple[PageReading, ...]]
 
 # (the pool's object reference, event type, reason, message) -> posted; the operator passes kopf.event.
 EventSink = Callable[[dict[str, Any], str, str, str], None]
 
 
 @dataclass(frozen=True)
-class ScalingLimits:
-    """The ScalingLimited condition's value: whether a pool cannot get the replicas its target needs."""
+class RoleChange:
+    """What a scaling rule decided for one role, as the actuator applies it: the replicas, why, and (the
+    planner's) the figures behind it for status."""
 
-    limited: bool
-    reason: str  # PodsUnschedulable, AtMaxReplicas, AtGpuBudget, AtRatioBound (spec.scaling) or WithinLimits
+    current: int
+    replicas: int
+    reason: str
     message: str
+    figures: dict[str, int | None] = field(default_factory=dict)
 
 
 @dataclass
 class _Role:
     recommender: Recommender = field(default_factory=Recommender)
     window: Window[Histogram] = field(default_factory=Window)
-    tpot_window: Window[Histogram] = field(default_factory=Window)  # decode, policy Planner
-    load: Deltas[EngineSample] = field(default_factory=Deltas)  # policy Planner: the interval's counts
     due: float = 0.0
     observed_milliseconds: int | None = None
     recommended: int | None = None
@@ -149,8 +147,7 @@ class PoolAutoscaler:
         self._planner: Planner | None = None
         self._plan_due = 0.0
         self._planned_at: float | None = None
-        self._router_load: Deltas[RouterSample] = Deltas()
-        self._direct_ttft: Window[Histogram] = Window()
+        self._feed = PoolFeed()  # what the planner reads from the pages, round after round
         self._restore(pool)
 
     @property
@@ -255,33 +252,46 @@ class PoolAutoscaler:
         return list(self._readings)
 
     async def _step(self, role: PoolRole, state: _Role, settings: Autoscaling, now: float) -> None:
-        """One decision for one role, and the scaling it asks for."""
+        """One decision of the Latency rule for one role, and the scaling it asks for."""
         decided = await self._decide(role, state, settings, now)
         if decided is None:
             return
         workload, decision = decided
         state.limited = decision.message if decision.limited(settings) else None
-        current = decision.current
-        if settings.mode == "External":
-            self._recommend(role, state, decision.replicas, current, decision.message)
+        change = RoleChange(decision.current, decision.replicas, decision.reason, decision.message)
+        await self._actuate(role, state, settings, workload, change)
+
+    async def _actuate(
+        self,
+        role: PoolRole,
+        state: _Role,
+        autoscaling: Autoscaling,
+        workload: dict[str, Any],
+        change: RoleChange,
+    ) -> None:
+        """The one actuator of every scaling rule. Mode External: the change is only recommended (status,
+        metrics, an event when it moves). Mode Operator: the StatefulSet's replicas are written under the
+        autoscaler's field manager, the decision is kept for status and a ScaledUp or ScaledDown event
+        explains it."""
+        if autoscaling.mode == "External":
+            self._recommend(role, state, change.replicas, change.current, change.message)
             return
-        state.recommended = decision.replicas
-        if decision.replicas == current:
+        state.recommended = change.replicas
+        if change.replicas == change.current:
             return
         await asyncio.to_thread(
-            self.kube.apply, replicas_document(workload, decision.replicas), labels.AUTOSCALER_FIELD_MANAGER
+            self.kube.apply, replicas_document(workload, change.replicas), labels.AUTOSCALER_FIELD_MANAGER
         )
         state.last_scaling = ScalingDecision(
-            from_replicas=current,
-            replicas=decision.replicas,
-            reason=decision.reason,
-            message=decision.message,
+            from_replicas=change.current,
+            replicas=change.replicas,
+            reason=change.reason,
+            message=change.message,
             time=self._wall_clock(),
+            **change.figures,
         )
-        direction = "ScaledUp" if decision.replicas > current else "ScaledDown"
-        self._post_event(
-            pool_reference(self.pool.metadata), "Normal", direction, f"{role}: {decision.message}"
-        )
+        direction = "ScaledUp" if change.replicas > change.current else "ScaledDown"
+        self._post_event(pool_reference(self.pool.metadata), "Normal", direction, f"{role}: {change.message}")
 
     def _recommend(self, role: PoolRole, state: _Role, replicas: int, current: int, message: str) -> None:
         """Mode External: the recommendation is only reported (status, metrics, an event when it moves)."""
@@ -341,63 +351,45 @@ class PoolAutoscaler:
     ) -> RoleReading:
         """One role's engines: the interval's counts, the latency window, the gauges."""
         autoscaling = self.pool.spec.pool(role).autoscaling
-        window_seconds = autoscaling.window_seconds if autoscaling is not None else 60
-        percentile = autoscaling.target.percentile if autoscaling is not None else 90
         pods = await self._pods(role)
         state.unschedulable = _unschedulable(pods)
         ready_pods, pages = await self._scrape_ready(pods)
-        metric = METRIC[role][0]
-        samples: dict[str, EngineSample] = {}
-        gauges: list[EngineGauges] = []
+        parsed: list[tuple[str, Page]] = []
         for name, page in pages:
             try:
-                parsed = parse_page(page)
-                sample, gauge = read_engine(parsed, metric)
-                self._parsed.append((role, name, parsed))
+                parsed.append((name, parse_page(page)))
             except MetricsError as error:
                 log.warning("pod %s/%s: %s", self.namespace, name, error)
-                continue
-            if sample is not None:
-                samples[name] = sample
-                if sample.latency is not None:
-                    state.window.add(name, now, sample.latency)
-            tpot = read_histogram(parsed, TPOT_METRIC) if role == "decode" else None
-            if tpot is not None:
-                state.tpot_window.add(name, now, tpot)
-            if gauge is not None:
-                gauges.append(gauge)
-        state.window.keep_only(ready_pods)
-        state.tpot_window.keep_only(ready_pods)
-        latency = state.window.delta(now, window_seconds)
+        percentile = autoscaling.target.percentile if autoscaling is not None else 90
+        reading, failed = self._feed.role(
+            role,
+            now,
+            RolePages(
+                replicas=int(workload.get("spec", {}).get("replicas", 0)),
+                ready=int(workload.get("status", {}).get("readyReplicas", 0)),
+                ready_pods=frozenset(ready_pods),
+                pages=tuple(parsed),
+                window_seconds=autoscaling.window_seconds if autoscaling is not None else 60,
+                percentile=percentile,
+            ),
+        )
+        for name, why in failed:
+            log.warning("pod %s/%s: %s", self.namespace, name, why)
+        unread = {name for name, _ in failed}
+        self._parsed.extend((role, name, page) for name, page in parsed if name not in unread)
+        latency = reading.latency_window
         observed = None if latency is None else latency.quantile(percentile / 100)
         state.observed_milliseconds = None if observed is None else round(observed * 1000)
-        return RoleReading(
-            replicas=int(workload.get("spec", {}).get("replicas", 0)),
-            ready=int(workload.get("status", {}).get("readyReplicas", 0)),
-            load=state.load.step(samples),
-            latency_window=latency,
-            percentile=percentile,
-            gauges=tuple(gauges),
-            tpot_window=state.tpot_window.delta(now, window_seconds),
-        )
+        return reading
 
     async def _read_routers(self, now: float, window_seconds: float) -> RouterReading:
         """The routers' counts by route over the interval and the direct route's TTFT over the window (and
         the split and threshold `_observe_router` reports)."""
         ready_pods, pages = await self._observe_router(now, window_seconds)
-        loads: dict[str, RouterSample] = {}
-        for name, page in pages:
-            try:
-                load, direct = read_router(page)
-            except MetricsError as error:
-                log.warning("router pod %s/%s: %s", self.namespace, name, error)
-                continue
-            if load is not None:
-                loads[name] = load
-            if direct is not None:
-                self._direct_ttft.add(name, now, direct)
-        self._direct_ttft.keep_only(ready_pods)
-        return RouterReading(self._router_load.step(loads), self._direct_ttft.delta(now, window_seconds))
+        reading, failed = self._feed.routers(now, frozenset(ready_pods), pages, window_seconds)
+        for name, why in failed:
+            log.warning("router pod %s/%s: %s", self.namespace, name, why)
+        return reading
 
     async def _act(
         self,
@@ -407,41 +399,26 @@ class PoolAutoscaler:
         workload: dict[str, Any],
         plan: RolePlan,
     ) -> None:
-        """One role's plan: the replicas written (mode Operator) or recommended (External), explained."""
+        """One role's plan, through the actuator, with the figures behind it."""
         state.limited = plan.message if plan.reason == SCALING_LIMITED else None
         # a bound across both pools (spec.scaling) holding the role below what its target needs
         cut = plan.reason in (BUDGET_LIMITED, RATIO_BOUND) and plan.replicas < plan.wanted
         state.bounded = (plan.reason, plan.message) if cut else None
-        current = plan.current
         # The planner scales up at once; the spec's step limit still holds.
-        replicas = min(plan.replicas, current + autoscaling.max_scale_up_replicas)
-        if autoscaling.mode == "External":
-            self._recommend(role, state, replicas, current, plan.message)
-            return
-        state.recommended = replicas
-        if replicas == current:
-            return
-        await asyncio.to_thread(
-            self.kube.apply, replicas_document(workload, replicas), labels.AUTOSCALER_FIELD_MANAGER
-        )
-        state.last_scaling = ScalingDecision(
-            from_replicas=current,
-            replicas=replicas,
-            reason=plan.reason,
-            message=plan.message,
-            time=self._wall_clock(),
-            wanted_replicas=plan.wanted,
-            demand_milli_engines=round(plan.demand * 1000),
-            forecast_milli_engines=round(plan.forecast * 1000),
-            capacity_milli_engines_per_replica=round(plan.capacity_per_replica * 1000),
-            correction_percent=round(plan.correction * 100),
-            observed_milliseconds=None
+        replicas = min(plan.replicas, plan.current + autoscaling.max_scale_up_replicas)
+        figures = {
+            "wanted_replicas": plan.wanted,
+            "demand_milli_engines": round(plan.demand * 1000),
+            "forecast_milli_engines": round(plan.forecast * 1000),
+            "capacity_milli_engines_per_replica": round(plan.capacity_per_replica * 1000),
+            "correction_percent": round(plan.correction * 100),
+            "observed_milliseconds": None
             if plan.observed_seconds is None
             else round(plan.observed_seconds * 1000),
-            target_milliseconds=round(plan.target_seconds * 1000),
-        )
-        direction = "ScaledUp" if replicas > current else "ScaledDown"
-        self._post_event(pool_reference(self.pool.metadata), "Normal", direction, f"{role}: {plan.message}")
+            "target_milliseconds": round(plan.target_seconds * 1000),
+        }
+        change = RoleChange(plan.current, replicas, plan.reason, plan.message, figures)
+        await self._actuate(role, state, autoscaling, workload, change)
 
     def _router_timing(self) -> tuple[float, float]:
         """The router is read as often, and over as long, as the pools are (the shortest of them)."""
@@ -550,35 +527,17 @@ class PoolAutoscaler:
         except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
             return None
 
-    def status_document(self) -> dict[str, Any]:
-        """Every status figure the autoscaler learnt, for both roles and the router (pure: reads only)."""
-        status: dict[str, Any] = {}
-        for role in POOL_ROLES:
-            state = self._roles.get(role)
-            if state is None:
-                continue
-            figures: dict[str, Any] = {}
-            if state.observed_milliseconds is not None:
-                figures["observedMilliseconds"] = state.observed_milliseconds
-            if state.last_scaling is not None:
-                figures["lastScaling"] = state.last_scaling.model_dump(
-                    mode="json", by_alias=True, exclude_none=True
-                )
-            if state.recommended is not None:
-                figures["recommendedReplicas"] = state.recommended
-            if figures:
-                status[role] = figures
-        router: dict[str, Any] = {}
-        if self.disaggregated_percent is not None:
-            router["disaggregatedPercent"] = self.disaggregated_percent
-        if self.threshold_tokens is not None and self.pool.spec.router.adaptive_threshold.enabled:
-            router["prefillThresholdTokens"] = self.threshold_tokens
-        if router:
-            status["router"] = router
-        return status
+    def figures(self) -> AutoscalerFigures:
+        """Everything the autoscaler learnt that status reports (pure: reads only)."""
+        roles = {
+            role: RoleFigures(state.observed_milliseconds, state.last_scaling, state.recommended)
+            for role, state in self._roles.items()
+        }
+        threshold = self.threshold_tokens if self.pool.spec.router.adaptive_threshold.enabled else None
+        return AutoscalerFigures(roles, self.disaggregated_percent, threshold, self._limits())
 
-    def scaling_limited(self) -> ScalingLimits | None:
-        """Whether a role wants more replicas than it can get (None when nothing autoscales; pure)."""
+    def _limits(self) -> ScalingLimits | None:
+        """Whether a role wants more replicas than it can get (None when nothing autoscales)."""
         if not self._roles:
             return None
         stuck = [

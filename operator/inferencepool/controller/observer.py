@@ -25,19 +25,17 @@ from inferencepool.controller.context import OperatorContext, PoolMemory
 from inferencepool.controller.events import post_event, post_ref_event
 from inferencepool.controller.status import (
     Bottleneck,
-    ConditionValue,
     Observed,
+    StatusInputs,
     WorkloadKey,
     WorkloadState,
     bottleneck_of,
-    compute_status,
     invalid_status_document,
     status_differs,
     status_document,
     status_events,
 )
 from inferencepool.kube import KubeError
-from inferencepool.kube.fields import status_managers
 from inferencepool.kube.objects import pool_reference
 from inferencepool.observability.metrics import record_status
 
@@ -115,24 +113,12 @@ class PoolObserver:
         previous = self._previous()
         document = self._compose(pool, previous, self.context.clock())
         record_status(self.context.metrics, meta.get("namespace", ""), meta.get("name", ""), document)
-        # Status written by an earlier operator under the autoscaler's manager is taken over once (see below).
-        legacy = labels.AUTOSCALER_FIELD_MANAGER in status_managers(self.body)
-        if document == self.memory.written or (
-            not legacy and not status_differs(self.body.get("status"), document)
-        ):
+        if document == self.memory.written or not status_differs(self.body.get("status"), document):
             return True
         try:
             # metadata.uid makes the write conditional: it fails rather than land on a new pool of that name.
             manifest = {**pool_reference(meta), "status": document}
             await asyncio.to_thread(self.context.kube.apply_status, manifest, labels.FIELD_MANAGER)
-            if legacy:
-                # Earlier operators wrote the autoscaler's figures under its own field manager. Now that the
-                # write above (with force) owns every field it sends, that manager lets go of the rest: what
-                # it alone held, a figure no longer reported, is removed.
-                release = pool_reference(meta)  # no status: the manager keeps no field of it
-                await asyncio.to_thread(
-                    self.context.kube.apply_status, release, labels.AUTOSCALER_FIELD_MANAGER
-                )
         except KubeError as error:
             if error.status in (404, 409):
                 log.info("pool %s/%s is gone; status not written", meta.get("namespace"), meta.get("name"))
@@ -162,17 +148,18 @@ class PoolObserver:
         if pool is None or self._scaler is None:
             message = outcome.problem.message if outcome.problem is not None else "spec rejected"
             return invalid_status_document(previous, generation, message, now)
-        pool = pool.model_copy(update={"status": previous})
-        endpoint = router_endpoint(PoolRef.of(pool))
-        status = compute_status(pool, generation, outcome, self._observed(pool), endpoint, now)
-        limits = self._scaler.scaling_limited()
-        limited = (
-            None
-            if limits is None
-            else ConditionValue("True" if limits.limited else "False", limits.reason, limits.message)
+        inputs = StatusInputs(
+            pool=pool,
+            generation=generation,
+            outcome=outcome,
+            observed=self._observed(pool),
+            endpoint=router_endpoint(PoolRef.of(pool)),
+            now=now,
+            figures=self._scaler.figures(),
+            bottleneck=self._bottleneck(pool),
+            previous=previous,
         )
-        figures = self._scaler.status_document()
-        return status_document(pool, status, figures, limited, now, self._bottleneck(pool))
+        return status_document(inputs)
 
     def _bottleneck(self, pool: InferencePool) -> Bottleneck | None:
         """The diagnosis of the pages the autoscaler kept over its window (None: the last one stands)."""

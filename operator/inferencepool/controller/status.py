@@ -1,17 +1,14 @@
 """The pool's status as a pure function of what the operator observed (no I/O, no kopf).
 
-Inputs: the pool, the outcome of its last reconcile (which generation, which references were missing, whether
-the spec could be applied) and the state of its workloads as the API server reports them; then what the
-autoscaler read from the engines and routers. `status_document` composes all of it into the one document the
-pool's daemon writes (one writer, one field manager):
-
-- `compute_status` / `operator_status_document`: observedGeneration, the Ready/Progressing/Degraded
-  conditions, per-pool replica figures, the router endpoint (what reconciles and workloads say);
-- the autoscaler's figures (observed latency, the last scaling decision, the router's split and live
-  threshold) and the ScalingLimited condition;
-- `bottleneck_of`: the diagnosis (inferencepool.diagnosis) of the pages the autoscaler read over its window,
-  as status.bottleneck and the Bottleneck condition;
-- the strings `kubectl get` shows, formatted last from the merged figures.
+`compose_status(StatusInputs)` is the one place a status is made, whole, each section once by what owns it:
+- observedGeneration, the Ready/Progressing/Degraded (and kstatus Stalled/Reconciling) conditions, per-pool
+  replica figures and the router's endpoint: from the last reconcile's outcome and the workloads;
+- each role's observed latency, last scaling decision and recommendation, the router's split and live
+  threshold, and the ScalingLimited condition: the autoscaler's (autoscaler.figures.AutoscalerFigures);
+- status.bottleneck and the Bottleneck condition: `bottleneck_of`, the diagnosis (inferencepool.diagnosis)
+  of the pages the autoscaler read over its window; the last one stands until a new window is read;
+- the strings `kubectl get` shows, formatted last.
+The pool's daemon writes it (one writer, one field manager).
 """
 
 from __future__ import annotations
@@ -31,26 +28,21 @@ from inferencepool.api.v1alpha1 import (
     CONDITION_SCALING_LIMITED,
     CONDITION_STALLED,
     POOL_ROLES,
+    BottleneckStatus,
     InferencePool,
     InferencePoolStatus,
     PoolRole,
     PoolStatus,
     RouterStatus,
 )
-from inferencepool.autoscaler.histogram import Page
+from inferencepool.autoscaler.figures import AutoscalerFigures, RoleFigures
+from inferencepool.autoscaler.histogram import Reading
 from inferencepool.diagnosis.core import diagnose
 from inferencepool.diagnosis.settings import settings_from_pool
 from inferencepool.diagnosis.status import bottleneck_condition, bottleneck_status
 from inferencepool.diagnosis.window import PodPage, PodRole, Snapshot, WindowError, window
 
 WorkloadKey = Literal["prefill", "decode", "router", "lmcache-controller"]
-OPERATOR_CONDITIONS = (
-    CONDITION_READY,
-    CONDITION_PROGRESSING,
-    CONDITION_DEGRADED,
-    CONDITION_STALLED,
-    CONDITION_RECONCILING,
-)
 
 
 @dataclass(frozen=True)
@@ -239,95 +231,115 @@ def reconciling_condition(progressing: ConditionValue, ready: ConditionValue) ->
     return progressing
 
 
-def pool_status(
-    pool: InferencePool, role: PoolRole, state: WorkloadState | None, previous: PoolStatus | None
+@dataclass(frozen=True)
+class Bottleneck:
+    """What the diagnosis writes: status.bottleneck (as stored) and the Bottleneck condition."""
+
+    document: dict[str, Any]
+    condition: ConditionValue
+
+
+@dataclass(frozen=True)
+class StatusInputs:
+    """Everything the status says, as observed: the reconcile's outcome and the workloads (the operator's),
+    the autoscaler's figures, a new diagnosis (None: no new window was read, the last one stands) and the
+    previous status (for the conditions' transition times and that last diagnosis)."""
+
+    pool: InferencePool
+    generation: int
+    outcome: ReconcileOutcome | None
+    observed: Observed
+    endpoint: str
+    now: datetime
+    figures: AutoscalerFigures = field(default_factory=AutoscalerFigures)
+    bottleneck: Bottleneck | None = None
+    previous: InferencePoolStatus | None = None
+
+
+def compose_status(inputs: StatusInputs) -> InferencePoolStatus:
+    """The whole status, each section built once by what owns it, the conditions set in one pass and the
+    `kubectl get` strings formatted last. Pure."""
+    pool, observed, figures, now = inputs.pool, inputs.observed, inputs.figures, inputs.now
+    previous = inputs.previous or InferencePoolStatus()
+    generation = inputs.generation
+    ready = ready_condition(pool, observed)
+    progressing = progressing_condition(pool, observed, generation)
+    degraded = degraded_condition(inputs.outcome)
+    conditions: list[tuple[str, ConditionValue, int | None]] = [
+        (CONDITION_READY, ready, generation),
+        (CONDITION_PROGRESSING, progressing, generation),
+        (CONDITION_DEGRADED, degraded, generation),
+        (CONDITION_STALLED, stalled_condition(degraded), generation),
+        (CONDITION_RECONCILING, reconciling_condition(progressing, ready), generation),
+    ]
+    if figures.limits is not None:
+        limits = figures.limits
+        limited = ConditionValue("True" if limits.limited else "False", limits.reason, limits.message)
+        conditions.append((CONDITION_SCALING_LIMITED, limited, None))
+    bottleneck = previous.bottleneck
+    if inputs.bottleneck is not None:
+        bottleneck = BottleneckStatus.model_validate(inputs.bottleneck.document)
+        conditions.append((CONDITION_BOTTLENECK, inputs.bottleneck.condition, None))
+    setting = {condition_type for condition_type, _, _ in conditions}
+    # the last diagnosis stands, with its condition, until a new window is read
+    kept = setting | ({CONDITION_BOTTLENECK} if bottleneck is not None else set())
+    status = InferencePoolStatus(
+        observed_generation=(
+            inputs.outcome.generation if inputs.outcome is not None else previous.observed_generation
+        ),
+        conditions=[c for c in previous.conditions if c.type in kept],
+        prefill=_pool_status(pool, "prefill", observed.get("prefill"), figures.roles.get("prefill")),
+        decode=_pool_status(pool, "decode", observed.get("decode"), figures.roles.get("decode")),
+        router=_router_status(pool, observed.get("router"), figures, inputs.endpoint),
+        bottleneck=bottleneck,
+    )
+    for condition_type, value, observed_generation in conditions:
+        status.set_condition(
+            condition_type, value.status, value.reason, value.message, now, observed_generation
+        )
+    return status.with_display()
+
+
+def status_document(inputs: StatusInputs) -> dict[str, Any]:
+    """The status as written (camelCase, no empty fields)."""
+    document: dict[str, Any] = compose_status(inputs).model_dump(
+        mode="json", by_alias=True, exclude_none=True
+    )
+    return document
+
+
+def _pool_status(
+    pool: InferencePool, role: PoolRole, state: WorkloadState | None, figures: RoleFigures | None
 ) -> PoolStatus:
     autoscaling = pool.spec.pool(role).autoscaling
-    figures = PoolStatus(
+    figures = figures or RoleFigures()
+    return PoolStatus(
         replicas=state.replicas if state else 0,
         ready_replicas=state.ready if state else 0,
         desired_replicas=state.desired if state else pool.spec.pool(role).initial_replicas(),
         target_milliseconds=pool.spec.target_milliseconds(role),
         percentile=autoscaling.target.percentile if autoscaling is not None and autoscaling.enabled else None,
+        observed_milliseconds=figures.observed_milliseconds,
+        last_scaling=figures.last_scaling,
+        recommended_replicas=figures.recommended_replicas,
     )
-    if previous is not None:
-        # Observed latency and scaling decisions are the autoscaler's; carried along only for the display.
-        figures = figures.model_copy(
-            update={
-                "observed_milliseconds": previous.observed_milliseconds,
-                "last_scaling": previous.last_scaling,
-            }
-        )
-    return figures
-
-
-def compute_status(
-    pool: InferencePool,
-    generation: int,
-    outcome: ReconcileOutcome | None,
-    observed: Observed,
-    endpoint: str,
-    now: datetime,
-) -> InferencePoolStatus:
-    """The whole status as the operator sees it; fields it does not own are carried over from pool.status."""
-    previous = pool.status or InferencePoolStatus()
-    status = InferencePoolStatus(
-        observed_generation=outcome.generation if outcome is not None else previous.observed_generation,
-        conditions=list(previous.conditions),
-        prefill=pool_status(pool, "prefill", observed.get("prefill"), previous.prefill),
-        decode=pool_status(pool, "decode", observed.get("decode"), previous.decode),
-        router=_router_status(pool, observed.get("router"), previous.router, endpoint),
-        bottleneck=previous.bottleneck,  # the diagnosis' (status_document): carried until it reads again
-    )
-    ready = ready_condition(pool, observed)
-    progressing = progressing_condition(pool, observed, generation)
-    degraded = degraded_condition(outcome)
-    for condition_type, value in (
-        (CONDITION_READY, ready),
-        (CONDITION_PROGRESSING, progressing),
-        (CONDITION_DEGRADED, degraded),
-        (CONDITION_STALLED, stalled_condition(degraded)),
-        (CONDITION_RECONCILING, reconciling_condition(progressing, ready)),
-    ):
-        status.set_condition(condition_type, value.status, value.reason, value.message, now, generation)
-    return status.with_display()
 
 
 def _router_status(
-    pool: InferencePool, state: WorkloadState | None, previous: RouterStatus | None, endpoint: str
+    pool: InferencePool, state: WorkloadState | None, figures: AutoscalerFigures, endpoint: str
 ) -> RouterStatus:
-    router = RouterStatus(
+    """The router's pods and endpoint; the threshold in force is the spec's, or, while it adapts, the one the
+    routers report (none until they have)."""
+    adaptive = pool.spec.router.adaptive_threshold.enabled
+    return RouterStatus(
         endpoint=endpoint,
         replicas=state.replicas if state else 0,
         ready_replicas=state.ready if state else 0,
-        prefill_threshold_tokens=pool.spec.router.prefill_threshold_tokens,
+        prefill_threshold_tokens=figures.threshold_tokens
+        if adaptive
+        else pool.spec.router.prefill_threshold_tokens,
+        disaggregated_percent=figures.disaggregated_percent,
     )
-    if previous is not None:
-        carried: dict[str, Any] = {"disaggregated_percent": previous.disaggregated_percent}
-        if pool.spec.router.adaptive_threshold.enabled and previous.prefill_threshold_tokens is not None:
-            # The router moves the threshold itself; its live value is reported from the router's metric.
-            carried["prefill_threshold_tokens"] = previous.prefill_threshold_tokens
-        router = router.model_copy(update=carried)
-    return router
-
-
-def operator_status_document(pool: InferencePool, status: InferencePoolStatus) -> dict[str, Any]:
-    """The fields that follow from reconciles and workloads, without the autoscaler's figures (which
-    `compute_status` only carries over from the previous status) and without ScalingLimited."""
-    document = status.model_dump(mode="json", by_alias=True, exclude_none=True)
-    document["conditions"] = [c for c in document.get("conditions", []) if c["type"] in OPERATOR_CONDITIONS]
-    document.pop("bottleneck", None)
-    for role in POOL_ROLES:
-        figures = document.get(role)
-        if figures is not None:
-            figures.pop("observedMilliseconds", None)
-            figures.pop("lastScaling", None)
-    router = document.get("router")
-    if router is not None:
-        router.pop("disaggregatedPercent", None)
-        if pool.spec.router.adaptive_threshold.enabled:
-            router.pop("prefillThresholdTokens", None)  # live value, reported from the router's own metric
-    return document
 
 
 def status_differs(current: dict[str, Any] | None, wanted: dict[str, Any]) -> bool:
@@ -349,51 +361,6 @@ def _contains(actual: Any, wanted: Any) -> bool:
             _contains(a, w) for a, w in zip(actual, wanted, strict=True)
         )
     return bool(actual == wanted)
-
-
-def status_document(
-    pool: InferencePool,
-    status: InferencePoolStatus,
-    figures: dict[str, Any],
-    limited: ConditionValue | None,
-    now: datetime,
-    bottleneck: Bottleneck | None = None,
-) -> dict[str, Any]:
-    """The whole status, as written: `status` (from compute_status) without the figures it carried over,
-    the autoscaler's `figures` (its status_document), ScalingLimited (None: nothing autoscales) and the
-    diagnosis (None: no window read yet, so the last one written stands), with the `kubectl get` strings
-    formatted from the merged figures. Pure."""
-    document = _merged(operator_status_document(pool, status), figures)
-    if limited is not None:
-        carrier = InferencePoolStatus(
-            conditions=[c for c in status.conditions if c.type == CONDITION_SCALING_LIMITED]
-        )
-        carrier.set_condition(CONDITION_SCALING_LIMITED, limited.status, limited.reason, limited.message, now)
-        document["conditions"] += [_dumped(c) for c in carrier.conditions]
-    carried = [c for c in status.conditions if c.type == CONDITION_BOTTLENECK]
-    if bottleneck is not None:
-        carrier = InferencePoolStatus(conditions=carried)
-        value = bottleneck.condition
-        carrier.set_condition(CONDITION_BOTTLENECK, value.status, value.reason, value.message, now)
-        document["conditions"] += [_dumped(c) for c in carrier.conditions]
-        document["bottleneck"] = bottleneck.document
-    elif status.bottleneck is not None:
-        document["conditions"] += [_dumped(c) for c in carried]
-        document["bottleneck"] = _dumped(status.bottleneck)
-    merged = InferencePoolStatus.model_validate(document).with_display()
-    return merged.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
-@dataclass(frozen=True)
-class Bottleneck:
-    """What the diagnosis writes: status.bottleneck (as stored) and the Bottleneck condition."""
-
-    document: dict[str, Any]
-    condition: ConditionValue
-
-
-# A reading of the autoscaler (autoscaler/runner.py): when, and each pod's page as (role, pod, page).
-Reading = tuple[float, Sequence[tuple[str, str, Page]]]
 
 
 def bottleneck_of(
@@ -473,19 +440,3 @@ def status_events(previous: InferencePoolStatus | None, current: InferencePoolSt
     if limited is not None and limited.status == "True" and (was is None or was.status != "True"):
         events.append(StatusEvent("Warning", "ScalingLimited", limited.message))
     return events
-
-
-def _dumped(model: Any) -> dict[str, Any]:
-    dumped: dict[str, Any] = model.model_dump(mode="json", by_alias=True, exclude_none=True)
-    return dumped
-
-
-def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """`base` with `extra` merged in, mapping by mapping (the two never set the same leaf)."""
-    merged = dict(base)
-    for key, value in extra.items():
-        current = merged.get(key)
-        merged[key] = (
-            _merged(current, value) if isinstance(current, dict) and isinstance(value, dict) else value
-        )
-    return merged

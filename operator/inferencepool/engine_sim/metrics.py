@@ -7,15 +7,25 @@ state. Each engine gets its own registry, so several engines can live in one pro
 
 from __future__ import annotations
 
+import itertools
+import math
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from inferencepool.engine_sim.core import FINISH_REASONS, EngineCore
 
 LABELS = ("model_name", "engine")
+# vLLM's latency histograms: (name, documentation) as vLLM 0.33's loggers.py registers them
+TTFT = ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.")
+ITL = ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.")
+TPOT = (
+    "vllm:request_time_per_output_token_seconds",
+    "Histogram of time_per_output_token_seconds per request.",
+)
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
@@ -189,23 +199,20 @@ class EngineMetrics:
         labels = (model_name, engine_index)
         self.registry.register(_CoreCollector(core, labels, model or model_name))
         self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
+            *TTFT,
             LABELS,
             buckets=TTFT_BUCKETS,
             registry=self.registry,
         ).labels(*labels)
         self.itl = Histogram(
-            "vllm:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
+            *ITL,
             LABELS,
             buckets=ITL_BUCKETS,
             registry=self.registry,
         ).labels(*labels)
         # observed once per finished request with request_tpot (loggers.py: record of each finished request)
         self.tpot = Histogram(
-            "vllm:request_time_per_output_token_seconds",
-            "Histogram of time_per_output_token_seconds per request.",
+            *TPOT,
             LABELS,
             buckets=TPOT_BUCKETS,
             registry=self.registry,
@@ -255,3 +262,75 @@ class _NixlHistograms:
         for _ in range(self._workers):
             self.xfer_time.observe(seconds)
             self.bytes_transferred.observe(total_bytes / self._workers)
+
+
+class LatencyCounts:
+    """One of vLLM's latency histograms kept as plain per-bucket counts (not cumulative): what the simulator's
+    engines observe (cheap, and many gaps at once for a steady decode batch); rendered on the page with the
+    same name, buckets and labels as the fake engine's prometheus-client histogram."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, finite_bounds: Sequence[float]) -> None:
+        self.bounds = (*finite_bounds, math.inf)
+        self.counts = [0] * len(self.bounds)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def observe_many(self, value: float, times: int) -> None:
+        self.counts[bisect_left(self.bounds, value)] += times
+        self.sum += value * times
+
+    def family(self, name: str, documentation: str, labels: Sequence[str]) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(name, documentation, labels=LABELS)
+        cumulative = itertools.accumulate(self.counts)
+        family.add_metric(
+            list(labels),
+            [
+                (_bucket_label(bound), float(count))
+                for bound, count in zip(self.bounds, cumulative, strict=True)
+            ],
+            self.sum,
+        )
+        return family
+
+
+def _bucket_label(bound: float) -> str:
+    return "+Inf" if math.isinf(bound) else repr(float(bound))
+
+
+class _CountsCollector(Collector):
+    def __init__(
+        self, histograms: Sequence[tuple[tuple[str, str], LatencyCounts]], labels: Sequence[str]
+    ) -> None:
+        self._histograms = histograms
+        self._labels = labels
+
+    def collect(self) -> Iterator[Metric]:
+        for (name, documentation), counts in self._histograms:
+            yield counts.family(name, documentation, self._labels)
+
+
+class EnginePage:
+    """An engine's /metrics page without a server: the core's gauges and counters, as the fake engine serves
+    them, and its TTFT, ITL and TPOT histograms from `LatencyCounts` (the simulator's engines)."""
+
+    def __init__(
+        self,
+        core: EngineCore,
+        model_name: str,
+        engine_index: str,
+        ttft: LatencyCounts,
+        itl: LatencyCounts,
+        tpot: LatencyCounts,
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        labels = (model_name, engine_index)
+        self.registry.register(_CoreCollector(core, labels, model_name))
+        self.registry.register(_CountsCollector(((TTFT, ttft), (ITL, itl), (TPOT, tpot)), labels))
+
+    def text(self) -> str:
+        return generate_latest(self.registry).decode()

@@ -33,14 +33,3 @@ def replicas_document(workload: Mapping[str, Any], replicas: int) -> dict[str, A
         "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
         "spec": {"replicas": replicas},
     }
-
-
-def status_managers(obj: Mapping[str, Any] | None) -> set[str]:
-    """Field managers that own something in the status subresource of a stored object."""
-    if obj is None:
-        return set()
-    return {
-        str(entry.get("manager", ""))
-        for entry in obj.get("metadata", {}).get("managedFields") or []
-        if entry.get("subresource") == "status"
-    }

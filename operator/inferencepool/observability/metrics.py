@@ -21,8 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 PREFIX: Final = "inferencepool"
 ROLES: Final = ("prefill", "decode")
-# The autoscaler's decision reasons (inferencepool.autoscaler.policy); anything else is reported as Other, so
-# a new reason can never add unbounded series.
+# The autoscaler's decision reasons (inferencepool.autoscaler.latency_rule and .planner); anything else is
+# reported as Other, so a new reason can never add unbounded series.
 DECISION_REASONS: Final = (
     "TargetExceeded",
     "BelowTarget",

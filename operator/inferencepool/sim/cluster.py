@@ -27,33 +27,27 @@ however often a trace is replayed.
 
 Autoscaling feeds the real `Recommender` what the operator's runner would read: each engine keeps vLLM's
 TTFT and ITL histograms (same buckets), the simulator "scrapes" ready engines every interval into the real
-`Window`, and the percentile is the real Prometheus-style `Histogram.quantile`. A new replica holds its GPUs
-from the decision on but serves only after the model-load delay; a removed replica stops taking requests,
-finishes what it has (and any KV a decode engine still has to read), then gives its GPUs back.
+`Window`, and the percentile is the real Prometheus-style `Histogram.quantile`. The planner reads only
+metric pages: every ready engine's vLLM page and the router's, read by the operator's feed (`scrape.py`).
+A new replica holds its GPUs from the decision on but serves only after the model-load delay; a removed
+replica stops taking requests, finishes what it has (and any KV a decode engine still has to read), then
+gives its GPUs back.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-import math
 from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from inferencepool.api.v1alpha1 import POOL_ROLES, Autoscaling, PoolRole, RoutingPolicy
 from inferencepool.autoscaler.capacity import CapacityModel, from_profile
 from inferencepool.autoscaler.histogram import Histogram, Window
-from inferencepool.autoscaler.planner import (
-    Observation,
-    Plan,
-    Planner,
-    PlannerSettings,
-    PoolSignals,
-    RouteLoad,
-)
-from inferencepool.autoscaler.policy import Recommender
+from inferencepool.autoscaler.latency_rule import Recommender
+from inferencepool.autoscaler.planner import Plan, Planner, PlannerSettings
 from inferencepool.engine_sim.core import (
     DecodeRun,
     EngineCore,
@@ -66,7 +60,7 @@ from inferencepool.engine_sim.core import (
     TokenEvent,
 )
 from inferencepool.engine_sim.kv import CHUNK_TOKENS, SharedPrefixIndex, chunk_hashes
-from inferencepool.engine_sim.metrics import ITL_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
+from inferencepool.engine_sim.metrics import ITL_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, LatencyCounts
 from inferencepool.perf import timing
 from inferencepool.perf.profiles import EngineProfile
 from inferencepool.router.config import (
@@ -76,10 +70,11 @@ from inferencepool.router.config import (
     StaticBackends,
 )
 from inferencepool.router.pods import EngineRole, PodSpec
-from inferencepool.router.threshold import SampleWindow, adapt, percentile
+from inferencepool.router.threshold import SampleWindow, adapt
 from inferencepool.scheduling.decider import Route
 from inferencepool.sim.network import Network
 from inferencepool.sim.router import SimRouter
+from inferencepool.sim.scrape import Scrape
 from inferencepool.sim.workload import TraceRequest, prompt_ids
 
 REJECTED = "rejected"  # longer than max_model_len: the engine answers 400 and nothing runs
@@ -152,8 +147,8 @@ class PoolAutoscaling:
 
 @dataclass(frozen=True)
 class PlannerScaling:
-    """The SLA planner (`autoscaler.planner`) in place of the latency rule: what the runner would feed it
-    every interval, read from the simulated router and engines. The capacity model is seeded from the
+    """The SLA planner (`autoscaler.planner`) in place of the latency rule, fed every interval from the
+    simulated router's and engines' metric pages by the operator's feed. The capacity model is seeded from the
     profile with the prefill role's chunk; `window_seconds` is the latency window of the observed
     percentiles."""
 
@@ -276,26 +271,9 @@ class RequestRecord:
         return self.error is None and self.route != REJECTED and self.tokens_received == self.output_tokens
 
 
-class _Latency:
-    """One engine's vLLM histogram: per-bucket counts (not cumulative), turned into a scrape on demand."""
-
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, finite_bounds: Sequence[float]) -> None:
-        self.bounds = (*finite_bounds, math.inf)
-        self.counts = [0] * len(self.bounds)
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-    def observe_many(self, value: float, times: int) -> None:
-        self.counts[bisect_left(self.bounds, value)] += times
-        self.sum += value * times
-
-    def scrape(self) -> Histogram:
-        return Histogram(self.bounds, tuple(float(c) for c in itertools.accumulate(self.counts)), self.sum)
+def _histogram(counts: LatencyCounts) -> Histogram:
+    """A replica's histogram as the latency rule's runner reads it from the page."""
+    return Histogram(counts.bounds, tuple(float(c) for c in itertools.accumulate(counts.counts)), counts.sum)
 
 
 @dataclass(eq=False)
@@ -314,10 +292,10 @@ class Replica:
     legs: dict[str, RequestRecord] = field(default_factory=dict)
     last_token: dict[str, float] = field(default_factory=dict)
     engine_arrival: dict[str, float] = field(default_factory=dict)
-    ttft: _Latency = field(default_factory=lambda: _Latency(TTFT_BUCKETS))
-    itl: _Latency = field(default_factory=lambda: _Latency(ITL_BUCKETS))
+    ttft: LatencyCounts = field(default_factory=lambda: LatencyCounts(TTFT_BUCKETS))
+    itl: LatencyCounts = field(default_factory=lambda: LatencyCounts(ITL_BUCKETS))
     # vllm:request_time_per_output_token_seconds: each finished request's mean time per output token
-    tpot: _Latency = field(default_factory=lambda: _Latency(TPOT_BUCKETS))
+    tpot: LatencyCounts = field(default_factory=lambda: LatencyCounts(TPOT_BUCKETS))
 
     def ready(self, now: float) -> bool:
         return self.removed_at is None and now >= self.ready_at
@@ -403,7 +381,6 @@ class ClusterSim:
         self._ordinals = {"prefill": itertools.count(), "decode": itertools.count()}
         self.recommenders = {"prefill": Recommender(), "decode": Recommender()}
         self.windows: dict[PoolRole, Window[Histogram]] = {"prefill": Window(), "decode": Window()}
-        self.tpot_window: Window[Histogram] = Window()  # the planner's: the decode pool's requests' TPOT
         self.timeline: list[tuple[float, int, int, int, int]] = []
         self.thresholds: list[tuple[float, int]] = [(0.0, self.threshold)]
         self.scaling: list[ScalingEvent] = []
@@ -443,14 +420,8 @@ class ClusterSim:
         if scenario.planner is not None:
             self._capacity = from_profile(self.profile, self.profiles["prefill"].max_num_batched_tokens)
             self._planner = Planner(scenario.planner.settings, self._capacity)
-        # what the router and the engines counted since the planner's last decision
-        self._routed: dict[str, list[float]] = {"prefill": [0, 0, 0.0], "direct": [0, 0, 0.0]}
-        self._generated = 0
-        self._itl_sum = 0.0
-        self._itl_count = 0
-        self._busy_seen: dict[str, float] = {}
-        self._direct_ttfts: list[tuple[float, float]] = []  # the router's TTFT of direct requests
-        self._arrivals: dict[str, list[tuple[float, float]]] = {"prefill": [], "direct": []}  # time, work
+        # the pages the planner reads, as the operator's runner scrapes them
+        self._scrape = Scrape(self.pods, self.threshold) if scenario.planner is not None else None
         self.route_reasons = self.router.reasons
 
     def _tuned(self, chunk_tokens: int | None, max_num_seqs: int | None = None) -> EngineProfile:
@@ -572,13 +543,8 @@ class ClusterSim:
         record.route, record.reason = route.value, decision.reason.value
         record.uncached_tokens = decision.uncached_tokens
         record.decode_pod = decision.decode.name if decision.decode is not None else None
-        if self._capacity is not None:
-            counts = self._routed["direct" if route is Route.DIRECT else "prefill"]
-            counts[0] += 1
-            counts[1] += record.prompt_tokens
-            work = self._capacity.prefill_seconds(record.prompt_tokens)
-            counts[2] += work
-            self._arrivals["direct" if route is Route.DIRECT else "prefill"].append((now, work))
+        if self._scrape is not None:
+            self._scrape.routed(route, record.prompt_tokens)
         request_id = f"r{record.index}"
         if route is Route.DISAGGREGATED:
             pod = decision.prefill
@@ -815,13 +781,6 @@ class ClusterSim:
         batch = len(run.request_ids)
         for later_gap in later:
             itl.observe_many(later_gap, batch)
-        self._generated += count * batch
-        if self._planner is not None:
-            for gap in engine_gaps:
-                self._itl_sum += gap
-            for later_gap in later:
-                self._itl_sum += later_gap * batch
-            self._itl_count += count * batch
         if self.scenario.adaptive is not None:
             samples = self.itl_samples
             for gap in client_gaps:
@@ -842,22 +801,18 @@ class ClusterSim:
             replica.ttft.observe(now - replica.engine_arrival[request_id])
             self.router.first_token(replica.name, request_id, now)
         else:
-            itl = now - replica.last_token[request_id]
-            replica.itl.observe(itl)
-            self._itl_sum += itl
-            self._itl_count += 1
+            replica.itl.observe(now - replica.last_token[request_id])
         replica.last_token[request_id] = now
         if replica.role == "prefill":
             assert event.finish_reason is not None
             replica.last_token.pop(request_id, None)
             self._prefill_done(replica, record, event)
             return
-        self._generated += 1
         # the client's stream
         if record.tokens_received == 0:
             record.first_token = now
-            if record.route != "disaggregated" and self._planner is not None:
-                self._direct_ttfts.append((now, now - record.arrival))
+            if self._scrape is not None:
+                self._scrape.first_token(Route(record.route), now - record.arrival)
             if record.route != "disaggregated" and self.scenario.adaptive is not None:
                 self.direct_ttft_samples.add(now - record.arrival)
         else:
@@ -965,84 +920,22 @@ class ClusterSim:
         self._sync_pods()
         self._record_replicas()
 
-    def _observed(
-        self, role: PoolRole, window_seconds: float, percentile: float, tpot: bool = False
-    ) -> tuple[float | None, float | None]:
-        """The pool's latency percentile over the window, read as the runner reads it (vLLM histograms):
-        TTFT (prefill), the token gaps (decode) or, with `tpot`, the decode requests' mean time per output
-        token (vllm:request_time_per_output_token_seconds)."""
-        ready = [r for r in self._members(role) if r.ready(self.now)]
-        window = self.tpot_window if tpot else self.windows[role]
-        for replica in ready:
-            latency = replica.ttft if role == "prefill" else replica.tpot if tpot else replica.itl
-            window.add(replica.name, self.now, latency.scrape())
-        window.keep_only({r.name for r in ready})
-        change = window.delta(self.now, window_seconds)
-        if change is None:
-            return None, None
-        return change.quantile(percentile / 100), change.bucket_top(percentile / 100)
-
     def _plan(self) -> None:
-        planner, scaling = self._planner, self.scenario.planner
-        assert planner is not None and scaling is not None
+        planner, scaling, scrape = self._planner, self.scenario.planner, self._scrape
+        assert planner is not None and scaling is not None and scrape is not None
         self._realize()
         settings = scaling.settings
         members = {role: self._members(role) for role in POOL_ROLES}
         ready = {role: [r for r in members[role] if r.ready(self.now)] for role in POOL_ROLES}
-        busy = []
-        for replica in ready["prefill"]:
-            before = self._busy_seen.get(replica.name)
-            self._busy_seen[replica.name] = replica.core.stats.busy_seconds
-            if before is not None:
-                busy.append((replica.core.stats.busy_seconds - before) / settings.interval_seconds)
-        horizon = self.now - scaling.window_seconds
-        self._direct_ttfts = [(t, v) for t, v in self._direct_ttfts if t >= horizon]
-        direct_ttft = (
-            percentile([v for _, v in self._direct_ttfts], scaling.percentile) if self._direct_ttfts else None
+        observation = scrape.observation(
+            self.now,
+            settings.interval_seconds,
+            members,
+            ready,
+            scaling.window_seconds,
+            scaling.percentile,
+            planner.model.kv_capacity_tokens,
         )
-        decode_ready = ready["decode"]
-        (pp, pt, pw), (dp, dt, dw) = self._routed["prefill"], self._routed["direct"]
-
-        def burst(route: str) -> float:
-            """The most prefill work that arrived within any burst window of the interval (the router)."""
-            arrivals, most, total, first = self._arrivals[route], 0.0, 0.0, 0
-            for at, work in arrivals:
-                total += work
-                while arrivals[first][0] < at - settings.burst_window_seconds:
-                    total -= arrivals[first][1]
-                    first += 1
-                most = max(most, total)
-            return most
-
-        tpot, tpot_top = self._observed("decode", scaling.window_seconds, scaling.percentile, tpot=True)
-        observation = Observation(
-            now=self.now,
-            interval_seconds=settings.interval_seconds,
-            to_prefill=RouteLoad(int(pp), int(pt), pw, burst("prefill")),
-            direct=RouteLoad(int(dp), int(dt), dw, burst("direct")),
-            generated_tokens=self._generated,
-            prefill=PoolSignals(
-                len(members["prefill"]),
-                len(ready["prefill"]),
-                observed_seconds=self._observed("prefill", scaling.window_seconds, scaling.percentile)[0],
-                busy_fraction=sum(busy) / len(busy) if busy else None,
-            ),
-            decode=PoolSignals(
-                len(members["decode"]),
-                len(decode_ready),
-                observed_seconds=self._observed("decode", scaling.window_seconds, scaling.percentile)[0],
-                tpot_seconds=tpot,
-                tpot_bucket_top_seconds=tpot_top,
-                mean_itl_seconds=self._itl_sum / self._itl_count if self._itl_count else None,
-                direct_ttft_seconds=direct_ttft,
-                kv_usage=(
-                    sum(r.core.kv_usage for r in decode_ready) / len(decode_ready) if decode_ready else None
-                ),
-            ),
-        )
-        self._routed = {"prefill": [0, 0, 0.0], "direct": [0, 0, 0.0]}
-        self._arrivals = {"prefill": [], "direct": []}
-        self._generated, self._itl_sum, self._itl_count = 0, 0.0, 0
         plan = planner.decide(observation)
         self.plans.append(plan)
         for role, decision in (("prefill", plan.prefill), ("decode", plan.decode)):
@@ -1064,9 +957,7 @@ class ClusterSim:
         ready = [r for r in members if r.ready(self.now)]
         window = self.windows[role]
         for replica in ready:  # the runner scrapes the pool's ready pods
-            window.add(
-                replica.name, self.now, replica.ttft.scrape() if role == "prefill" else replica.itl.scrape()
-            )
+            window.add(replica.name, self.now, _histogram(replica.ttft if role == "prefill" else replica.itl))
         window.keep_only({r.name for r in ready})
         change = window.delta(self.now, settings.window_seconds)
         if change is None:

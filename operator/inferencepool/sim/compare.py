@@ -110,7 +110,7 @@ def build_scenarios(budget: Budget, slo: Slo, names: Sequence[str] = SCENARIO_NA
             model_load_seconds=budget.model_load_seconds,
             interval_seconds=budget.interval_seconds,
             gpu_budget=budget.gpu_budget,
-            # as the operator maps a spec (autoscaler.planning): the stabilization is the evidence a
+            # as the operator maps a spec (autoscaler.planner_spec): the stabilization is the evidence a
             # scale-down waits for, after a scale-up and at start
             scale_down_delay_seconds=budget.scale_down_stabilization_seconds,
             warmup_seconds=budget.scale_down_stabilization_seconds,

@@ -8,7 +8,7 @@ Every setting comes from the operator's own mapping, not a second reading of the
   default would exceed it), the tensor-parallel size, `max_model_len()`;
 - the replicas: `PoolSpec.initial_replicas` (what the operator creates the pool with), a Colocated pool
   serving from its decode pool alone;
-- autoscaling: `autoscaler.planning.planner_settings` for policy Planner (bounds, targets, ratio, GPU budget),
+- autoscaling: `autoscaler.planner_spec.planner_settings` for policy Planner (bounds, targets, ratio, GPU budget),
   the pools' own `Autoscaling` for policy Latency;
 - LMCache: the kvCache block (the CPU tier per pod, p2p).
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from inferencepool.api.v1alpha1 import InferencePool, PoolRole
-from inferencepool.autoscaler.planning import planned, planner_settings
+from inferencepool.autoscaler.planner_spec import planned, planner_settings
 from inferencepool.builders.common import PoolRef
 from inferencepool.builders.router import router_config
 from inferencepool.perf.profiles import EngineProfile

@@ -1,23 +1,18 @@
-"""Fixtures and helpers for the operator's tests against the local control plane (imported by tests)."""
+"""Helpers for the tests against the local control plane (the fixtures are in conftest.py)."""
 
 from __future__ import annotations
 
 import copy
-import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pytest
 import yaml
 from tests.support.cluster import eventually
 
 from inferencepool.api import labels
 from inferencepool.api.v1alpha1 import API_VERSION
 from inferencepool.builders import CHILD_KINDS
-from inferencepool.controller.context import OperatorContext
-from inferencepool.controller.runtime import operator_in_thread
-from inferencepool.kube import Kube, load_configuration
+from inferencepool.kube import Kube
 
 if TYPE_CHECKING:
     from tests.support.cluster import TestCluster
@@ -36,62 +31,6 @@ def kubectl_ok(cluster: TestCluster, *args: str, input_text: str | None = None) 
     result = cluster.kubectl(*args, input_text=input_text)
     assert result.returncode == 0, f"kubectl {' '.join(args)} failed: {result.stderr}"
     return result.stdout
-
-
-@pytest.fixture(scope="session")
-def crd_installed(cluster: TestCluster) -> None:
-    kubectl_ok(cluster, "apply", "--server-side", "-f", str(ROOT / "crds"))
-    # `kubectl wait` fails at once (accessor error) on a CRD that has no condition yet: poll instead.
-    crd = f"crd/{labels.PLURAL}.{labels.GROUP}"
-    jsonpath = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
-    eventually(
-        lambda: cluster.kubectl("get", crd, "-o", jsonpath).stdout.strip() == "True", 60, f"{crd} Established"
-    )
-
-
-@pytest.fixture(scope="session")
-def admin_kube(cluster: TestCluster) -> Iterator[Kube]:
-    kube = Kube(load_configuration(str(cluster.kubeconfig)))
-    yield kube
-    kube.close()
-
-
-@pytest.fixture(scope="session")
-def operator_kubeconfig(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A kubeconfig for the operator's own ServiceAccount, bound by deploy/operator/rbac.yaml: every operator
-    test runs with exactly the permissions an installed operator gets."""
-    kubectl_ok(cluster, "apply", "--server-side", "-f", str(ROOT / "deploy" / "operator" / "rbac.yaml"))
-    namespace, account = OPERATOR_ACCOUNT
-    token = kubectl_ok(cluster, "create", "token", account, "-n", namespace, "--duration=6h").strip()
-    admin = yaml.safe_load(cluster.kubeconfig.read_text())
-    server = admin["clusters"][0]["cluster"]
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": server}],
-        "users": [{"name": account, "user": {"token": token}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": account}}],
-        "current-context": "c",
-    }
-    path = tmp_path_factory.mktemp("operator") / "kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-@pytest.fixture(scope="session")
-def gpu_nodes_labelled(cluster: TestCluster) -> None:
-    """Label the fake GPU nodes as GPU feature discovery labels real ones (the GPU example selects on it)."""
-    nodes = json.loads(kubectl_ok(cluster, "get", "nodes", "-o", "json"))["items"]
-    for node in nodes:
-        if node["status"].get("allocatable", {}).get("nvidia.com/gpu", "0") != "0":
-            name = node["metadata"]["name"]
-            kubectl_ok(cluster, "label", "--overwrite", "node", name, f"nvidia.com/gpu.product={GPU_PRODUCT}")
-
-
-@pytest.fixture
-def operator(crd_installed: None, operator_kubeconfig: Path, namespace: str) -> Iterator[OperatorContext]:
-    with operator_in_thread(str(operator_kubeconfig), [namespace], retry_seconds=2.0) as state:
-        yield state
 
 
 def create_pool(kube: Kube, namespace: str, document: dict[str, Any]) -> dict[str, Any]:
@@ -169,3 +108,16 @@ def event_reasons(kube: Kube, namespace: str, name: str) -> dict[str, str]:
 
     events = client.CoreV1Api(kube.api).list_namespaced_event(namespace).items
     return {e.reason: e.message for e in events if e.involved_object.name == name}
+
+
+def ready_urls(kube: Kube, namespace: str, pool: str, role: str) -> list[str]:
+    """The HTTP addresses of a pool's ready pods of one role."""
+    selector = f"{labels.LABEL_POOL}={pool},{labels.LABEL_ROLE}={role}"
+    urls = []
+    for pod in kube.list("v1", "Pod", namespace, selector):
+        status = pod.get("status", {})
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
+        ports = [p for c in pod["spec"]["containers"] for p in c.get("ports", []) if p.get("name") == "http"]
+        if ready and status.get("podIP") and ports:
+            urls.append(f"http://{status['podIP']}:{ports[0]['containerPort']}")
+    return urls
