@@ -54,7 +54,7 @@ class SchedulerConfig:
     min_load_bound: int = 4
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per request on the router's hot path
 class Decision(Generic[E]):
     route: Route
     reason: RouteReason
