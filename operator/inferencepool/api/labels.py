@@ -25,9 +25,15 @@ LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
 LABEL_POOL: Final = f"{GROUP}/pool"
 LABEL_ROLE: Final = f"{GROUP}/role"
-# On every engine pod: a hash of everything that must match for a prefill pod's KV to be valid on a decode pod
-# (model, revision, dtypes, block size, image, parallel layout, connector). The router pairs only equal values.
+# On every engine pod: a hash of everything that must match for a prefill pod's KV to be valid on a decode
+# pod (model, revision, dtypes, block size, image, parallel layout, connector; builders/kvcompat.py). The
+# router pairs only equal values.
 LABEL_KV_COMPAT: Final = f"{GROUP}/kv-compat"
+# On every engine pod: the model revision it serves (an annotation: a git ref may not be a valid label value).
+ANNOTATION_MODEL_REVISION: Final = f"{GROUP}/model-revision"
+# On an engine StatefulSet during a coordinated rollout: how many of its spec.replicas are surge pods,
+# written by whoever owns spec.replicas (the operator, or the autoscaler's field manager), in one apply.
+ANNOTATION_SURGE: Final = f"{GROUP}/surge"
 
 APP_NAME: Final = "inferencepool"
 MANAGED_BY: Final = "inferencepool-operator"

@@ -71,7 +71,7 @@ from inferencepool.autoscaler.planning import capacity_seed, planned, planner_se
 from inferencepool.autoscaler.policy import Decision, Recommender
 from inferencepool.builders.common import PoolRef, engine_name, selector_labels
 from inferencepool.kube import Kube
-from inferencepool.kube.fields import replicas_document
+from inferencepool.kube.fields import replicas_document, wanted_replicas
 from inferencepool.kube.objects import label_selector, pool_reference
 
 log = logging.getLogger("inferencepool.autoscaler")
@@ -304,7 +304,7 @@ class PoolAutoscaler:
             if workload is None:
                 return  # not created yet
             workloads[role] = workload
-        current = {role: int(w.get("spec", {}).get("replicas", 0)) for role, w in workloads.items()}
+        current = {role: wanted_replicas(w) for role, w in workloads.items()}
         settings = planner_settings(self.pool.spec, current)
         assert settings is not None
         if self._planner is None:
@@ -372,7 +372,7 @@ class PoolAutoscaler:
         observed = None if latency is None else latency.quantile(percentile / 100)
         state.observed_milliseconds = None if observed is None else round(observed * 1000)
         return RoleReading(
-            replicas=int(workload.get("spec", {}).get("replicas", 0)),
+            replicas=wanted_replicas(workload),
             ready=int(workload.get("status", {}).get("readyReplicas", 0)),
             load=state.load.step(samples),
             latency_window=latency,
@@ -494,7 +494,7 @@ class PoolAutoscaler:
         )
         if workload is None:
             return None  # not created yet
-        current = int(workload.get("spec", {}).get("replicas", 0))
+        current = wanted_replicas(workload)  # a rollout's surge pod is not the autoscaler's
         ready = int(workload.get("status", {}).get("readyReplicas", 0))
         pods = await self._pods(role)
         state.unschedulable = _unschedulable(pods)

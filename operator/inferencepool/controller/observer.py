@@ -23,6 +23,8 @@ from inferencepool.autoscaler.runner import PoolAutoscaler, scrape_session
 from inferencepool.builders import PoolRef, router_endpoint
 from inferencepool.controller.context import OperatorContext, PoolMemory
 from inferencepool.controller.events import post_event, post_ref_event
+from inferencepool.controller.reconcile import reconcile
+from inferencepool.controller.rollout import applied_shape, current_plan, progress_of, sync_autoscaled_surge
 from inferencepool.controller.status import (
     Bottleneck,
     ConditionValue,
@@ -45,6 +47,9 @@ WORKLOAD_KEYS: tuple[WorkloadKey, ...] = ("prefill", "decode", "router", "lmcach
 # The longest wait between rounds (when nothing is due: a spec that does not validate); `stopped` is checked
 # between rounds.
 IDLE_SECONDS = 1.0
+# While a coordinated rollout runs, its next step is looked for at least this often (pod readiness reaches the
+# daemon through its StatefulSet's status, which can lag the pod).
+ROLLOUT_POLL_SECONDS = 2.0
 log = logging.getLogger("inferencepool.observer")
 
 States = Mapping[Any, Any]  # a kopf index of WorkloadState by (namespace, pool, role)
@@ -67,11 +72,14 @@ class PoolObserver:
         while not stopped and not self.memory.deleted:
             pool = self._current_pool()
             stepped = pool is not None and await self._step_autoscaler()
+            stepped = (pool is not None and await self._step_rollout(pool)) or stepped
             # The status changes only with what it is composed from: a reconcile, a workload, a reading.
             if (requested or stepped or self._retry) and not await self._write_status(pool):
                 gone = True
                 break
             timeout = self._scaler.seconds_to_next() if self._scaler is not None else IDLE_SECONDS
+            if self._rolling():
+                timeout = min(timeout, ROLLOUT_POLL_SECONDS)
             requested = await self.memory.wait(timeout, self.context.status_delay_seconds)
         if gone or self.memory.deleted:
             meta = self.body.metadata
@@ -107,6 +115,37 @@ class PoolObserver:
             log.exception("autoscaler %s/%s: round failed", self._scaler.namespace, self._scaler.name)
         return True  # it may have scaled before failing
 
+    def _rolling(self) -> bool:
+        return self.memory.rollout is not None and self.memory.rollout.active
+
+    async def _step_rollout(self, pool: InferencePool) -> bool:
+        """The coordinated rollout's next step, if one is due: a reconcile when the StatefulSets must be
+        rendered anew (a partition moved, a surge came or went), the autoscaled pools' surge, and the figures
+        for the status; whether anything changed."""
+        if not self._rolling():
+            return False
+        kube = self.context.kube
+        try:
+            plan, stored = await asyncio.to_thread(current_plan, kube, pool)
+            previous = self.memory.rollout
+            changed = previous is None or progress_of(previous) != progress_of(plan)
+            if previous is None or applied_shape(previous) != applied_shape(plan):
+                await reconcile(self.context, self.memory, self.body, "rollout", log)
+                plan, stored = await asyncio.to_thread(current_plan, kube, pool)
+            elif changed:
+                self.memory.rollout_progress_at = self.context.clock()
+                self.memory.rollout = plan
+            written = await asyncio.to_thread(
+                sync_autoscaled_surge, kube, pool, self.memory.rollout or plan, stored
+            )
+        except (kopf.TemporaryError, kopf.PermanentError) as error:
+            log.warning("rollout of %s/%s: %s", pool.namespace(), pool.name(), error)
+            return True
+        except KubeError as error:
+            log.warning("rollout of %s/%s: %s", pool.namespace(), pool.name(), error)
+            return False
+        return changed or bool(written)
+
     async def _write_status(self, pool: InferencePool | None) -> bool:
         """Compose and write the status if it changed; False when the pool is gone."""
         meta = self.body.metadata
@@ -117,6 +156,8 @@ class PoolObserver:
         record_status(self.context.metrics, meta.get("namespace", ""), meta.get("name", ""), document)
         # Status written by an earlier operator under the autoscaler's manager is taken over once (see below).
         legacy = labels.AUTOSCALER_FIELD_MANAGER in status_managers(self.body)
+        # a rollout that ended is removed from the status (a write without it drops the field)
+        legacy = legacy or ("rollout" in (self.body.get("status") or {}) and "rollout" not in document)
         if document == self.memory.written or (
             not legacy and not status_differs(self.body.get("status"), document)
         ):
@@ -164,7 +205,16 @@ class PoolObserver:
             return invalid_status_document(previous, generation, message, now)
         pool = pool.model_copy(update={"status": previous})
         endpoint = router_endpoint(PoolRef.of(pool))
-        status = compute_status(pool, generation, outcome, self._observed(pool), endpoint, now)
+        status = compute_status(
+            pool,
+            generation,
+            outcome,
+            self._observed(pool),
+            endpoint,
+            now,
+            self.memory.rollout,
+            self.memory.rollout_progress_at,
+        )
         limits = self._scaler.scaling_limited()
         limited = (
             None

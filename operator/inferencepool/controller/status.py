@@ -35,9 +35,12 @@ from inferencepool.api.v1alpha1 import (
     InferencePoolStatus,
     PoolRole,
     PoolStatus,
+    RolloutRoleStatus,
+    RolloutStatus,
     RouterStatus,
 )
 from inferencepool.autoscaler.histogram import Page
+from inferencepool.builders.rollout import RolloutPlan
 from inferencepool.diagnosis.core import diagnose
 from inferencepool.diagnosis.settings import settings_from_pool
 from inferencepool.diagnosis.status import bottleneck_condition, bottleneck_status
@@ -176,11 +179,15 @@ def ready_condition(pool: InferencePool, observed: Observed) -> ConditionValue:
     return ConditionValue("True", "Serving", f"ready: {summary}")
 
 
-def progressing_condition(pool: InferencePool, observed: Observed, generation: int) -> ConditionValue:
+def progressing_condition(
+    pool: InferencePool, observed: Observed, generation: int, rollout: RolloutPlan | None = None
+) -> ConditionValue:
     """Progressing: the operator or a workload controller is still moving towards the latest spec."""
     missing = [key for key in expected_workloads(pool) if observed.get(key) is None]
     if missing:
         return ConditionValue("True", "CreatingChildren", f"waiting for {', '.join(missing)} to be created")
+    if rollout is not None and rollout.active:
+        return ConditionValue("True", "RollingOutRevision", f"generation {generation}: {rollout.summary()}")
     rolling = [key for key in expected_workloads(pool) if not _state(observed, key).rolled_out()]
     if rolling:
         return ConditionValue(
@@ -261,6 +268,32 @@ def pool_status(
     return figures
 
 
+def rollout_status(
+    pool: InferencePool, plan: RolloutPlan, progress_at: datetime | None
+) -> RolloutStatus | None:
+    if not plan.active:
+        return None
+    roles = {
+        role: RolloutRoleStatus(
+            updated_replicas=step.updated,
+            ready_updated_replicas=step.ready_updated,
+            replicas=step.replicas,
+            surge=step.surge,
+            partition=step.partition,
+        )
+        for role, step in plan.roles.items()
+    }
+    return RolloutStatus(
+        from_revision=",".join(plan.previous),
+        to_revision=plan.target,
+        from_model_revision=",".join(plan.previous_model_revisions) or None,
+        to_model_revision=pool.spec.model.revision,
+        prefill=roles.get("prefill"),
+        decode=roles.get("decode"),
+        last_progress_time=progress_at,
+    )
+
+
 def compute_status(
     pool: InferencePool,
     generation: int,
@@ -268,9 +301,13 @@ def compute_status(
     observed: Observed,
     endpoint: str,
     now: datetime,
+    rollout: RolloutPlan | None = None,
+    rollout_progress_at: datetime | None = None,
 ) -> InferencePoolStatus:
-    """The whole status as the operator sees it; fields it does not own are carried over from pool.status."""
+    """The whole status as the operator sees it; fields it does not own are carried over from pool.status.
+    `rollout`: the last plan of the coordinated rollout (None: not planned since the operator started)."""
     previous = pool.status or InferencePoolStatus()
+    settled = rollout is not None and not rollout.active
     status = InferencePoolStatus(
         observed_generation=outcome.generation if outcome is not None else previous.observed_generation,
         conditions=list(previous.conditions),
@@ -278,9 +315,13 @@ def compute_status(
         decode=pool_status(pool, "decode", observed.get("decode"), previous.decode),
         router=_router_status(pool, observed.get("router"), previous.router, endpoint),
         bottleneck=previous.bottleneck,  # the diagnosis' (status_document): carried until it reads again
+        # what every engine pod runs: known once a rollout has nothing left to do
+        kv_compat=rollout.target if rollout is not None and settled else previous.kv_compat,
+        model_revision=pool.spec.model.revision if settled else previous.model_revision,
+        rollout=rollout_status(pool, rollout, rollout_progress_at) if rollout is not None else None,
     )
     ready = ready_condition(pool, observed)
-    progressing = progressing_condition(pool, observed, generation)
+    progressing = progressing_condition(pool, observed, generation, rollout)
     degraded = degraded_condition(outcome)
     for condition_type, value in (
         (CONDITION_READY, ready),

@@ -19,11 +19,10 @@ from inferencepool import __version__
 from inferencepool.engine_sim import protocol
 from inferencepool.engine_sim.core import EngineRequest, RequestFailed, TokenEvent
 from inferencepool.engine_sim.httputil import json_response
+from inferencepool.engine_sim.nixl_compat import VLLM_VERSION
 
 if TYPE_CHECKING:
     from inferencepool.engine_sim.server import FakeEngine
-
-VLLM_VERSION = "0.33.0"  # the vLLM release whose API this fake reproduces
 
 
 @dataclass
