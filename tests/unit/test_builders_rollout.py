@@ -209,7 +209,7 @@ def test_no_old_pod_goes_before_both_pools_have_a_ready_new_pod() -> None:
     both = {**with_new, "prefill": RoleView(2, (*pools["prefill"].pods, PodView(2, "new", True)), 2)}
     stepping = plan_rollout(spec, "new", both)
     assert stepping.step("decode").partition == 1 and stepping.step("prefill").partition == 1
-    assert "prefill 1/2 updated (+1 surge)" in stepping.summary()
+    assert "prefill 1/3 pods at the new revision (1 surge)" in stepping.summary()
 
 
 def test_without_budget_room_pools_roll_in_place_prefill_first_and_keep_serving_directly() -> None:

@@ -99,8 +99,8 @@ class RolloutPlan:
 
     def summary(self) -> str:
         counts = ", ".join(
-            f"{role} {step.updated}/{step.replicas - step.surge} updated"
-            + (" (+1 surge)" if step.surge else "")
+            f"{role} {step.updated}/{step.replicas} pods at the new revision"
+            + (f" ({step.surge} surge)" if step.surge else " (no surge: in place)")
             for role, step in self.roles.items()
             if step.rolling
         )
