@@ -287,3 +287,46 @@ def test_a_pool_without_old_pods_or_without_replicas_is_not_rolled() -> None:
     ).active
     assert not plan_rollout(spec, "new", {"prefill": RoleView(0, (PodView(0, "old", False),))}).active
     assert not plan_rollout(spec, "new", {}).active
+
+
+# --- placement
+
+
+@pytest.mark.parametrize("mode", ["Preferred", "Required"])
+def test_placement_keeps_both_pools_in_one_domain_by_pod_affinity(mode: str) -> None:
+    user_term = {
+        "weight": 5,
+        "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {}},
+    }
+    p = pool(
+        placement={"topologyKey": "topology.kubernetes.io/zone", "mode": mode},
+        decode__scheduling={
+            "affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [user_term]}}
+        },
+    )
+    affinities = {
+        c["metadata"]["labels"][labels.LABEL_ROLE]: c["spec"]["template"]["spec"]["affinity"]["podAffinity"]
+        for c in pool_children(p)
+        if c["kind"] == "StatefulSet"
+    }
+    for role, affinity in affinities.items():
+        if mode == "Required":
+            (term,) = affinity["requiredDuringSchedulingIgnoredDuringExecution"]
+        else:
+            term = affinity["preferredDuringSchedulingIgnoredDuringExecution"][-1]
+            assert term["weight"] == 100
+            term = term["podAffinityTerm"]
+        assert term["topologyKey"] == "topology.kubernetes.io/zone"
+        # it selects the engine pods of both roles of this pool, this pod's own template included
+        selector = term["labelSelector"]
+        assert selector["matchLabels"] == {labels.LABEL_POOL: "llama-8b"}
+        assert selector["matchExpressions"][0]["values"] == ["prefill", "decode"]
+    # the user's own terms stay
+    assert user_term in affinities["decode"]["preferredDuringSchedulingIgnoredDuringExecution"]
+
+
+def test_placement_is_off_by_default_and_names_a_label_key() -> None:
+    template = next(c for c in pool_children(pool()) if c["kind"] == "StatefulSet")["spec"]["template"]
+    assert "affinity" not in template["spec"]
+    with pytest.raises(ValueError, match="topology_key|topologyKey"):
+        pool(placement={"topologyKey": "not a label key"})

@@ -767,6 +767,37 @@ class NetworkPolicySpec(SpecModel):
     )
 
 
+PlacementMode = Literal["Preferred", "Required"]
+# A label key as Kubernetes takes it: an optional DNS-subdomain prefix and '/', then a name of at most 63.
+LABEL_KEY_PATTERN: Final = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+
+
+class PlacementSpec(SpecModel):
+    """Keep the pool's prefill and decode pods in one topology domain, so KV moves over the fast links inside
+    it (a zone, a rack, an NVLink domain), rendered as pod affinity between the pool's engine pods."""
+
+    topology_key: str = Field(
+        min_length=1,
+        max_length=MAX_LABEL_KEY_LENGTH,
+        pattern=LABEL_KEY_PATTERN,
+        description=(
+            "Node label whose value is the domain, e.g. topology.kubernetes.io/zone, or a rack or NVLink "
+            "domain label of your nodes."
+        ),
+    )
+    mode: PlacementMode = Field(
+        default="Preferred",
+        description=(
+            "Preferred (default): the scheduler favours the domain of the pool's other engine pods and "
+            "places a pod elsewhere when the domain is full. Required: a pod waits Pending until its domain "
+            "has room (the first engine pod picks the domain)."
+        ),
+    )
+
+
 @dataclass(frozen=True)
 class SpecRule:
     """A cross-field rule, checked by the API server (CEL, `self` is the spec) and by the spec model."""
@@ -816,6 +847,10 @@ class InferencePoolSpec(SpecModel):
     network_policy: NetworkPolicySpec = Field(
         default_factory=NetworkPolicySpec,
         description="Restrict who reaches the pool's engines and side channels. Off when absent.",
+    )
+    placement: PlacementSpec | None = Field(
+        default=None,
+        description="Keep prefill and decode pods in one topology domain. Unconstrained when absent.",
     )
 
     @model_validator(mode="before")

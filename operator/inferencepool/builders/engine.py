@@ -279,6 +279,37 @@ def gpu_tolerations(pool: InferencePool, role: PoolRole) -> list[Manifest]:
     return [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
 
 
+PLACEMENT_WEIGHT: Final = 100  # the most a preferred term weighs: the domain matters more than spreading
+
+
+def engine_affinity(pool: InferencePool, ref: PoolRef, role: PoolRole) -> Manifest:
+    """The pool's scheduling.affinity (passed through), with spec.placement's term added: affinity to the
+    pool's engine pods of either role in the same topology domain. The first engine pod matches its own term,
+    which the scheduler accepts with no other pod yet (Kubernetes' rule for a pod that matches its own
+    affinity), and picks the domain the others follow."""
+    placement = pool.spec.placement
+    user: Manifest = dict(pool.spec.pool(role).scheduling.affinity)
+    if placement is None:
+        return user
+    term: Manifest = {
+        "labelSelector": {
+            "matchLabels": {labels.LABEL_POOL: ref.name},
+            "matchExpressions": [
+                {"key": labels.LABEL_ROLE, "operator": "In", "values": ["prefill", "decode"]}
+            ],
+        },
+        "topologyKey": placement.topology_key,
+    }
+    pod_affinity: Manifest = dict(user.get("podAffinity") or {})
+    if placement.mode == "Required":
+        key, entry = "requiredDuringSchedulingIgnoredDuringExecution", term
+    else:
+        key = "preferredDuringSchedulingIgnoredDuringExecution"
+        entry = {"weight": PLACEMENT_WEIGHT, "podAffinityTerm": term}
+    pod_affinity[key] = [*pod_affinity.get(key, []), entry]
+    return {**user, "podAffinity": pod_affinity}
+
+
 def engine_pod_template(pool: InferencePool, ref: PoolRef, role: PoolRole) -> Manifest:
     spec = pool.spec
     scheduling = spec.pool(role).scheduling
@@ -306,8 +337,9 @@ def engine_pod_template(pool: InferencePool, ref: PoolRef, role: PoolRole) -> Ma
         pod_spec["tolerations"] = tolerations
     if scheduling.node_selector:
         pod_spec["nodeSelector"] = dict(scheduling.node_selector)
-    if scheduling.affinity:
-        pod_spec["affinity"] = scheduling.affinity
+    affinity = engine_affinity(pool, ref, role)
+    if affinity:
+        pod_spec["affinity"] = affinity
     template_meta: Manifest = {"labels": pod_labels}
     if annotations:
         template_meta["annotations"] = annotations
