@@ -309,7 +309,7 @@ def test_placement_keeps_both_pools_in_one_domain_by_pod_affinity(mode: str) -> 
         for c in pool_children(p)
         if c["kind"] == "StatefulSet"
     }
-    for role, affinity in affinities.items():
+    for affinity in affinities.values():
         if mode == "Required":
             (term,) = affinity["requiredDuringSchedulingIgnoredDuringExecution"]
         else:
@@ -328,5 +328,5 @@ def test_placement_keeps_both_pools_in_one_domain_by_pod_affinity(mode: str) -> 
 def test_placement_is_off_by_default_and_names_a_label_key() -> None:
     template = next(c for c in pool_children(pool()) if c["kind"] == "StatefulSet")["spec"]["template"]
     assert "affinity" not in template["spec"]
-    with pytest.raises(ValueError, match="topology_key|topologyKey"):
+    with pytest.raises(ValueError, match=r"topology_key|topologyKey"):
         pool(placement={"topologyKey": "not a label key"})

@@ -14,6 +14,10 @@ KIND: Final = "InferencePool"
 PLURAL: Final = "inferencepools"
 SINGULAR: Final = "inferencepool"
 SHORT_NAME: Final = "pdpool"
+# The fully qualified resource: what `kubectl get` resolves without doubt when the Gateway API Inference
+# Extension's InferencePool (inference.networking.k8s.io, short name infpool) is installed too, where
+# the plain plural `inferencepools` resolves to one of the two by discovery order.
+RESOURCE: Final = f"{PLURAL}.{GROUP}"
 CATEGORY: Final = "inference"
 FIELD_MANAGER: Final = "inferencepool-operator"
 AUTOSCALER_FIELD_MANAGER: Final = "inferencepool-autoscaler"
