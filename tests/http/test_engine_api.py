@@ -11,8 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.engines import RunningEngine, running_engine
 
 from inferencepool.engine_sim import metrics
-from inferencepool.engine_sim.profiles import get_profile
 from inferencepool.engine_sim.tokenizer import EstimateTokenizer
+from inferencepool.perf.profiles import get_profile
 
 MODEL = "fake-model"
 

@@ -13,8 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tests.support.engines import RunningEngine, running_engine
 
-from inferencepool.engine_sim import timing
-from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.perf import timing
+from inferencepool.perf.profiles import get_profile
 
 MODEL = "fake-model"
 PROFILE = "llama-3.1-8b-h100"

@@ -23,8 +23,8 @@ from typing import Any
 
 from inferencepool.engine_sim.config import P2PConfig
 from inferencepool.engine_sim.lmcache_controller import FakeLMCacheController
-from inferencepool.engine_sim.profiles import EngineProfile, get_profile
 from inferencepool.engine_sim.server import EngineConfig, FakeEngine
+from inferencepool.perf.profiles import EngineProfile, get_profile
 
 
 @dataclass

@@ -13,8 +13,8 @@ import pytest
 from inferencepool.autoscaler import planner as p
 from inferencepool.autoscaler.capacity import CapacityModel, from_profile
 from inferencepool.autoscaler.forecast import BurstMemory, Forecaster
-from inferencepool.engine_sim import timing
-from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.perf import timing
+from inferencepool.perf.profiles import get_profile
 
 MODEL = CapacityModel(
     chunk_tokens=1000,

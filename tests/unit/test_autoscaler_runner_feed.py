@@ -40,7 +40,6 @@ from inferencepool.autoscaler.planning import capacity_seed, planner_settings
 from inferencepool.builders.common import PoolRef, engine_name
 from inferencepool.engine_sim.core import EngineCore
 from inferencepool.engine_sim.metrics import EngineMetrics
-from inferencepool.engine_sim.profiles import get_profile
 from inferencepool.observability.metrics import (
     DECISION_REASONS,
     OBSERVED_LATENCY,
@@ -50,9 +49,10 @@ from inferencepool.observability.metrics import (
     OperatorMetrics,
     record_status,
 )
+from inferencepool.perf.profiles import get_profile
 from inferencepool.router.metrics import LiveState, RouterMetrics
 from inferencepool.router.pods import PodSet
-from inferencepool.router.policy import Route
+from inferencepool.scheduling.decider import Route
 
 
 class Engine:

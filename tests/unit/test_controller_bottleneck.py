@@ -22,7 +22,7 @@ from inferencepool.controller.status import (
     compute_status,
     status_document,
 )
-from inferencepool.router.policy import Route
+from inferencepool.scheduling.decider import Route
 
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 Reading = tuple[float, tuple[tuple[str, str, Any], ...]]

@@ -6,19 +6,21 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
 from inferencepool.autoscaler.histogram import Histogram
-from inferencepool.diagnose.whatif import TrafficSketch, synthetic_trace, what_if
+from inferencepool.diagnose.whatif import TrafficSketch, scenarios, synthetic_trace, what_if
 from inferencepool.diagnosis.core import diagnose, with_what_if
-from inferencepool.diagnosis.settings import PoolSettings
+from inferencepool.diagnosis.settings import PoolSettings, settings_from_pool
 from inferencepool.diagnosis.window import EngineWindow, PoolWindow, RouterWindow
 from inferencepool.engine_sim.metrics import ITL_BUCKETS, TTFT_BUCKETS
-from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.perf.profiles import get_profile
 from inferencepool.router.metrics import PROMPT_BUCKETS
 from inferencepool.sim import workload
 from inferencepool.sim.cluster import ClusterSim, Scenario, ScenarioResult, simulate
+from inferencepool.sim.pool import deployed_scenario, load_pool
 from inferencepool.sim.report import Slo, summarize
 
 PROFILE = get_profile("llama-3.1-8b-h100")
@@ -111,8 +113,9 @@ CASES = [
     pytest.param("mooncake-conv", 300, 1.0, 2, 2, 4096, "Threshold", id="mooncake-conv-2p2d"),
     # code completion on colocated engines: long prefills stall decode batches: disaggregate
     pytest.param("azure-code", 300, 3.0, 0, 4, 4096, "Disaggregate", id="azure-code-colocated"),
-    # chat at 8x its rate on 2+2: prefills on the decode engines stall them: lower the threshold
-    pytest.param("azure-conv", 300, 8.0, 2, 2, 4096, "Threshold", id="azure-conv-2p2d"),
+    # chat at 12x its rate on 2+2: prefills on the decode engines stall them: lower the threshold (at 8x the
+    # router's load-aware bypass already moves enough of them to the prefill pool)
+    pytest.param("azure-conv", 300, 12.0, 2, 2, 4096, "Threshold", id="azure-conv-2p2d"),
 ]
 
 
@@ -145,3 +148,18 @@ def test_the_recommended_threshold_does_not_lower_goodput_on_the_trace(
     )
     before, after = summarize(result, SLO).goodput_rps, summarize(applied, SLO).goodput_rps
     assert after >= before, f"{advice.text}: {after:.3f} < {before:.3f} good requests/s"
+
+
+def test_with_the_pool_spec_the_current_row_is_the_deployed_scenario() -> None:
+    pool = load_pool(Path(__file__).parents[2] / "examples" / "llama-3.1-8b.yaml")
+    requests = workload.shape(workload.load("azure-conv"), duration=300, rate=12.0)
+    window, _ = sim_window(Scenario("deployed", "LengthAware", 2, 2, 4096), requests)
+    settings = settings_from_pool(pool, {"prefill": 2, "decode": 2})
+    rows = dict(scenarios(settings, diagnose(window, settings), pool))
+    assert rows["current"] == deployed_scenario(
+        pool, name="current", replicas={"prefill": 2, "decode": 2}, autoscale=False
+    )
+    threshold = rows.get("threshold")
+    if threshold is not None:  # a candidate is the same pool at a fixed threshold
+        assert threshold.router is not None and not threshold.router.adaptive_threshold.enabled
+        assert threshold.lmcache_p2p and threshold.decode_chunk_tokens == 1024

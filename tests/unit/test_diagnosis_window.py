@@ -22,10 +22,10 @@ from inferencepool.diagnosis.settings import engine_settings, settings_from_pool
 from inferencepool.diagnosis.window import PodPage, Snapshot, WindowError, window
 from inferencepool.engine_sim.core import EngineCore
 from inferencepool.engine_sim.metrics import EngineMetrics
-from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.perf.profiles import get_profile
 from inferencepool.router.metrics import LiveState, RouterMetrics
 from inferencepool.router.pods import PodSet
-from inferencepool.router.policy import Route
+from inferencepool.scheduling.decider import Route
 
 
 class Engine:

@@ -6,7 +6,6 @@ import dataclasses
 
 import pytest
 
-from inferencepool.engine_sim import timing
 from inferencepool.engine_sim.core import (
     DisaggSpec,
     EngineCore,
@@ -16,8 +15,9 @@ from inferencepool.engine_sim.core import (
     RemoteRead,
 )
 from inferencepool.engine_sim.kv import BlockPool, PdBuffer, SharedPrefixIndex, chunk_hashes
-from inferencepool.engine_sim.profiles import EngineProfile, get_profile
 from inferencepool.engine_sim.virtual import run_virtual
+from inferencepool.perf import timing
+from inferencepool.perf.profiles import EngineProfile, get_profile
 
 H100 = get_profile("llama-3.1-8b-h100")
 

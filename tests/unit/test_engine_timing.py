@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from inferencepool.engine_sim import timing
 from inferencepool.engine_sim.core import EngineCore, EngineRequest
-from inferencepool.engine_sim.profiles import PROFILES, get_profile
 from inferencepool.engine_sim.virtual import RequestTimeline, run_virtual
+from inferencepool.perf import timing
+from inferencepool.perf.profiles import PROFILES, get_profile
 
 GPU_PROFILES = [name for name, p in PROFILES.items() if not p.zero_compute]
 

@@ -13,9 +13,9 @@ import yaml
 
 from inferencepool.engine_sim.core import EngineCore
 from inferencepool.engine_sim.metrics import EngineMetrics
-from inferencepool.engine_sim.profiles import get_profile
 from inferencepool.observability import alerts, chart, dashboard, scrape
 from inferencepool.observability.metrics import OperatorMetrics
+from inferencepool.perf.profiles import get_profile
 from inferencepool.router.metrics import LiveState, RouterMetrics
 from inferencepool.router.pods import PodSet
 

@@ -6,26 +6,7 @@ import pytest
 
 from inferencepool.router.config import AdaptiveThresholdConfig
 from inferencepool.router.pods import PodSet, PodSpec
-from inferencepool.router.policy import Route, choose_route
 from inferencepool.router.threshold import SampleWindow, adapt, next_threshold, percentile
-
-
-@pytest.mark.parametrize(
-    ("policy", "tokens", "prefill_ready", "expected"),
-    [
-        ("LengthAware", 4095, True, Route.DIRECT),
-        ("LengthAware", 4096, True, Route.DISAGGREGATED),
-        ("LengthAware", 9000, False, Route.FALLBACK),
-        ("LengthAware", 10, False, Route.DIRECT),
-        ("AlwaysDisaggregate", 1, True, Route.DISAGGREGATED),
-        ("AlwaysDisaggregate", 1, False, Route.FALLBACK),
-        ("Colocated", 100_000, True, Route.DIRECT),
-    ],
-)
-def test_route_follows_policy_and_threshold(
-    policy: str, tokens: int, prefill_ready: bool, expected: Route
-) -> None:
-    assert choose_route(policy, tokens, 4096, prefill_ready) is expected  # type: ignore[arg-type]
 
 
 def _pods(*names: str, role: str = "decode") -> PodSet:

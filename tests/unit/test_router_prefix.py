@@ -1,5 +1,5 @@
-"""The router's pod choice on prefixes and its route costs: the pure core (prefix.py, pods.choose, costs.py,
-the engine-load parse)."""
+"""The router's pod choice on prefixes and its route costs: the scheduling core (prefix.py, the scheduler's
+pick, costs.py, the decider) and the engine-load parse."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from collections import Counter
 
 import pytest
 
-from inferencepool.router.costs import PrefillSpeed, route_costs
 from inferencepool.router.engine_load import parse_engine_load
-from inferencepool.router.pods import PodSet, PodSpec
-from inferencepool.router.policy import Route, RouteReason, choose_route_by_cost
-from inferencepool.router.prefix import PrefixIndex, prompt_keys
+from inferencepool.router.pods import Pod, PodSet, PodSpec
+from inferencepool.scheduling.costs import PrefillSpeed, route_costs
+from inferencepool.scheduling.decider import Route, RouteReason
+from inferencepool.scheduling.decider import decide as choose_route_by_cost
+from inferencepool.scheduling.prefix import PrefixIndex, prompt_keys
+from inferencepool.scheduling.scheduler import Scheduler, SchedulerConfig
 
 BLOCK = 8  # bytes per block in these tests
 
@@ -23,19 +25,25 @@ def keys(text: str) -> list[int]:
     return prompt_keys(text.encode(), BLOCK, 1024)
 
 
-def decode_pods(count: int = 4, anchor: int = 4, index_blocks: int = 10_000) -> PodSet:
-    pods = PodSet(load_factor=1.25, min_load_bound=2, anchor_blocks=anchor, index_blocks=index_blocks)
+SCHEDULER = Scheduler(SchedulerConfig("Colocated", 1.0, 0.05, load_factor=1.25, min_load_bound=2))
+
+
+def decode_pods(count: int = 4, index_blocks: int = 10_000) -> PodSet:
+    pods = PodSet(load_factor=1.25, min_load_bound=2, index_blocks=index_blocks)
     pods.apply(PodSpec(f"decode-{i}", f"http://d{i}:8000", "decode") for i in range(count))
     return pods
 
 
+def choose(pods: PodSet, prompt: list[int]) -> tuple[Pod | None, int]:
+    """The decode pod the scheduling core picks for the prompt, and its cached prefix in blocks."""
+    return SCHEDULER.pick(pods.available("decode", 0.0), prompt, pods.prefixes)
+
+
 def serve(pods: PodSet, text: str) -> str:
-    """Choose a pod as the router does and record the prompt there."""
-    prompt = keys(text)
-    pod, _ = pods.choose("decode", 0.0, prompt)
-    assert pod is not None
-    pods.sent(pod, prompt)
-    return pod.name
+    """Schedule a prompt as the router does (which records it on the chosen pod)."""
+    decision = SCHEDULER.schedule(len(text) // BLOCK, keys(text), pods, 0.0, 4096)
+    assert decision.decode is not None
+    return decision.decode.name
 
 
 SYSTEM = "S" * (2 * BLOCK)  # a two-block system prompt, shorter than the 4-block anchor
@@ -46,7 +54,9 @@ def test_prompt_keys_are_chained_whole_blocks_and_the_same_in_every_process() ->
     a = keys("x" * 20)  # two whole blocks, the rest ignored
     assert len(a) == 2 and keys("x" * 24 + "tail")[:2] == a
     assert keys("y" + "x" * 23)[1] != keys("z" + "x" * 23)[1]  # a key depends on every block before it
-    code = "from inferencepool.router.prefix import prompt_keys; print(prompt_keys(b'abcdefgh' * 3, 8, 9))"
+    code = (
+        "from inferencepool.scheduling.prefix import prompt_keys; print(prompt_keys(b'abcdefgh' * 3, 8, 9))"
+    )
     outputs = {
         subprocess.run(
             [sys.executable, "-c", code],
@@ -75,31 +85,31 @@ def test_a_long_shared_prefix_keeps_requests_together() -> None:
 def test_the_pod_holding_the_longest_prefix_wins_over_the_rendezvous_pick() -> None:
     pods = decode_pods()
     prompt = keys(LONG_SHARED + "the next turn")
-    home, _ = pods.choose("decode", 0.0, prompt)
+    home, _ = choose(pods, prompt)
     assert home is not None
     other = next(p for p in pods.pods.values() if p is not home)
     pods.prefixes.sent(other.name, keys(LONG_SHARED))  # e.g. an earlier turn overflowed there
-    chosen, cached = pods.choose("decode", 0.0, prompt)
+    chosen, cached = choose(pods, prompt)
     assert chosen is other and cached == 10
     pods.prefixes.sent(home.name, prompt[:3])  # three blocks: shorter than the anchor, not a reason
-    assert pods.choose("decode", 0.0, prompt)[0] is other
+    assert choose(pods, prompt)[0] is other
 
 
 def test_the_load_bound_moves_a_hot_prefix_and_kv_full_pods_sit_out() -> None:
     pods = decode_pods()
     prompt = keys(LONG_SHARED)
-    home, _ = pods.choose("decode", 0.0, prompt)
+    home, _ = choose(pods, prompt)
     assert home is not None
     home.outstanding = 3  # bound max(ceil(1.25 x 4 / 4), 2) = 2: the home pod is full
-    moved, _ = pods.choose("decode", 0.0, prompt)
+    moved, _ = choose(pods, prompt)
     assert moved is not None and moved is not home
     home.outstanding = 0
     home.engine_running, home.engine_waiting = 2, 1  # the engine sees other replicas' requests
-    assert pods.choose("decode", 0.0, prompt)[0] is moved
+    assert choose(pods, prompt)[0] is moved
     home.engine_running = home.engine_waiting = 0
-    assert pods.choose("decode", 0.0, prompt)[0] is home
+    assert choose(pods, prompt)[0] is home
     home.kv_usage, home.engine_waiting = 0.99, 1  # KV full with a queue (and 1 waiting is under the bound)
-    assert pods.choose("decode", 0.0, prompt)[0] is not home
+    assert choose(pods, prompt)[0] is not home
 
 
 def test_two_replicas_with_their_own_indexes_choose_the_same_pods() -> None:
@@ -127,7 +137,7 @@ def test_no_whole_block_picks_by_load() -> None:
     pods.pods["decode-2"].outstanding = 0
     for name in ("decode-0", "decode-1", "decode-3"):
         pods.pods[name].outstanding = 5
-    assert pods.choose("decode", 0.0, keys("short"))[0] is pods.pods["decode-2"]
+    assert choose(pods, keys("short"))[0] is pods.pods["decode-2"]
     assert PrefixIndex(3).cached_blocks("anyone", [1, 2]) == 0
 
 

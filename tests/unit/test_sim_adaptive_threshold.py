@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 
 import inferencepool.router.threshold as threshold
-from inferencepool.engine_sim.profiles import get_profile
-from inferencepool.sim.cluster import simulate
-from inferencepool.sim.compare import Budget, build_scenarios
-from inferencepool.sim.report import Slo
+from inferencepool.perf.profiles import get_profile
+from inferencepool.router.config import AdaptiveThresholdConfig
+from inferencepool.sim.cluster import Scenario, simulate
 from inferencepool.sim.workload import TraceRequest
 
 H100 = get_profile("llama-3.1-8b-h100")
@@ -26,8 +25,24 @@ def stalling_trace() -> list[TraceRequest]:
 def thresholds(monkeypatch: pytest.MonkeyPatch, stall_percentile: int) -> list[int]:
     monkeypatch.setattr(threshold, "STALL_PERCENTILE", stall_percentile)
     # decode pods on vLLM's default chunk (8192): the ITL-sized chunk of the tuned default would not stall
-    budget = Budget(replicas=3, prefill_replicas=1, decode_chunk_tokens=H100.max_num_batched_tokens)
-    [scenario] = build_scenarios(budget, Slo(2.0, 0.025), ["adaptive"])
+    adaptive = AdaptiveThresholdConfig(
+        enabled=True,
+        min_tokens=1024,
+        max_tokens=16384,
+        ttft_target_milliseconds=2000,
+        itl_target_milliseconds=25,
+    )
+    scenario = Scenario(
+        "adaptive",
+        "LengthAware",
+        1,
+        2,
+        BASE,
+        adaptive=adaptive,
+        decode_chunk_tokens=H100.max_num_batched_tokens,
+        ttft_target_seconds=2.0,
+        itl_target_seconds=0.025,
+    )
     result = simulate(scenario, H100, stalling_trace())
     return [value for _, value in result.thresholds]
 

@@ -10,14 +10,15 @@ import pytest
 
 from inferencepool.api.v1alpha1 import Autoscaling, LatencyTarget
 from inferencepool.cli import main
-from inferencepool.engine_sim import timing
-from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.perf import timing
+from inferencepool.perf.profiles import get_profile
 from inferencepool.sim.cluster import PoolAutoscaling, Scenario, ScenarioResult, simulate
-from inferencepool.sim.compare import SCENARIO_NAMES, Budget, build_scenarios, compare
+from inferencepool.sim.compare import SCENARIO_NAMES, SEARCHED, Budget, build_scenarios, compare
 from inferencepool.sim.report import Slo, summarize, table, to_json
 from inferencepool.sim.workload import TraceRequest
 
 H100 = get_profile("llama-3.1-8b-h100")
+EXAMPLE = Path(__file__).parents[2] / "examples" / "llama-3.1-8b.yaml"
 
 
 def assert_conserved(result: ScenarioResult) -> None:
@@ -34,7 +35,7 @@ def mixed_trace(count: int, spacing: float) -> list[TraceRequest]:
     return [TraceRequest(i * spacing, prompts[i % len(prompts)], 20 + (i * 7) % 60) for i in range(count)]
 
 
-@pytest.mark.parametrize("name", ["colocated", "static-pd", "length-aware", "adaptive"])
+@pytest.mark.parametrize("name", ["colocated", "colocated-tuned", "static-pd"])
 def test_every_request_finishes_exactly_once(name: str) -> None:
     [scenario] = build_scenarios(Budget(replicas=3, prefill_replicas=1), Slo(0.8, 0.04), [name])
     result = simulate(scenario, H100, mixed_trace(120, 0.05))
@@ -156,8 +157,9 @@ def test_comparison_reports_ratios_against_colocated(tmp_path: Path) -> None:
     budget = Budget(
         replicas=3, prefill_replicas=1, model_load_seconds=5, interval_seconds=5, window_seconds=10
     )
-    scenarios = build_scenarios(budget, slo)
-    assert [s.name for s in scenarios] == list(SCENARIO_NAMES)
+    names = [*(n for n in SCENARIO_NAMES if n not in SEARCHED), "autoscaled"]
+    scenarios = build_scenarios(budget, slo, names)
+    assert [s.name for s in scenarios] == names
     results, summaries = compare(scenarios, H100, mixed_trace(80, 0.1), slo)
     for result in results:
         assert_conserved(result)
@@ -168,10 +170,10 @@ def test_comparison_reports_ratios_against_colocated(tmp_path: Path) -> None:
         assert summary.goodput_ratio == pytest.approx(summary.goodput_rps / base.goodput_rps)
         assert summary.gpu_seconds_ratio == pytest.approx(summary.gpu_seconds / base.gpu_seconds)
     rendered = table(summaries)
-    assert all(name in rendered for name in SCENARIO_NAMES) and "vs coloc" in rendered
+    assert all(name in rendered for name in names) and "vs coloc" in rendered
     document = json.loads(json.dumps(to_json(summaries, results, {"trace": "test"})))
-    assert [s["scenario"] for s in document["scenarios"]] == list(SCENARIO_NAMES)
-    assert document["scenarios"][4]["replicas"][0]["decodeDesired"] == 2
+    assert [s["scenario"] for s in document["scenarios"]] == names
+    assert document["scenarios"][3]["replicas"][0]["decodeDesired"] == 2
 
 
 def test_cli_writes_table_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -181,11 +183,28 @@ def test_cli_writes_table_json_and_plots(tmp_path: Path, capsys: pytest.CaptureF
     )
     assert code == 0
     printed = capsys.readouterr()
-    assert "colocated" in printed.out and "autoscaled" in printed.out and "1.00x" in printed.out
+    assert "colocated-tuned" in printed.out and "static-peak" in printed.out and "1.00x" in printed.out
     assert "virtual s" in printed.err  # progress
     document = json.loads((out / "sim.json").read_text())
-    assert len(document["scenarios"]) == 5 and document["settings"]["trace"] == "azure-code"
-    assert {p.name for p in out.glob("*.png")} == {"latency_cdf.png", "goodput.png", "replicas.png"}
+    assert len(document["scenarios"]) == 4 and document["settings"]["trace"] == "azure-code"
+    assert "static-pd 1P:1D" in printed.out  # always-disaggregate at its best split (here the only one)
+    assert {p.name for p in out.glob("*.png")} == {"latency_cdf.png", "goodput.png"}
+
+
+def test_cli_runs_a_pool_spec_as_the_deployed_scenario_beside_the_baselines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sim"
+    args = ["sim", "--trace", "azure-conv", "--max-requests", "80", "--out", str(out), "--pool", str(EXAMPLE)]
+    assert main([*args, "--replicas", "3", "--model-load-seconds", "5"]) == 0
+    printed = capsys.readouterr()
+    document = json.loads((out / "sim.json").read_text())
+    names = [s["scenario"] for s in document["scenarios"]]
+    assert names[1:4] == ["deployed", "colocated", "colocated-tuned"] and names[0].startswith("static-peak")
+    assert names[4].startswith("static-pd ") and "deployed" in printed.out
+    assert "replicas.png" in {p.name for p in out.glob("*.png")}  # the spec's planner sizes the pools
+    assert main([*args[:-2], "--scenarios", "deployed"]) == 2
+    assert "give it with --pool" in capsys.readouterr().err
 
 
 def test_cli_rejects_bad_input_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from inferencepool.cli import main
-from inferencepool.engine_sim import timing
-from inferencepool.engine_sim.profiles import EngineProfile, get_profile
+from inferencepool.perf import timing
+from inferencepool.perf.profiles import EngineProfile, get_profile
 from inferencepool.sim.cluster import ClusterSim, Scenario
 from inferencepool.sim.workload import TraceRequest
 
@@ -103,7 +103,7 @@ def test_cli_runs_with_lmcache_and_names_a_bad_setting(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = str(tmp_path)
-    args = ["sim", "--trace", "mooncake-conv", "--duration", "20", "--scenarios", "colocated,cost-aware"]
+    args = ["sim", "--trace", "mooncake-conv", "--duration", "20", "--scenarios", "colocated,colocated-tuned"]
     assert main([*args, "--lmcache-cpu-gib", "16", "--p2p", "--no-plots", "--out", out]) == 0
     assert main([*args, "--p2p", "--no-plots", "--out", out]) == 2
     assert "p2p shares the CPU tier" in capsys.readouterr().err

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from inferencepool.engine_sim import timing
-from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.perf import timing
+from inferencepool.perf.profiles import get_profile
 from inferencepool.sim import workload
 from inferencepool.sim.cluster import Scenario, simulate
-from inferencepool.sim.compare import Budget, build_scenarios
 from inferencepool.sim.network import Network
 from inferencepool.sim.report import Slo
 from inferencepool.sim.search import attainment
@@ -63,9 +62,11 @@ def test_bad_links_are_named() -> None:
 
 def test_two_prompts_read_at_once_by_one_decode_pod_share_its_link() -> None:
     prompt = 16000
-    alone = simulate(Scenario("pd", "AlwaysDisaggregate", 2, 1), H100, [TraceRequest(0.0, prompt, 2)])
+    # without prefix affinity the router spreads the two prompts by load: one on each prefill pod
+    pd = Scenario("pd", "AlwaysDisaggregate", 2, 1, prefix_affinity=False)
+    alone = simulate(pd, H100, [TraceRequest(0.0, prompt, 2)])
     both = simulate(
-        Scenario("pd", "AlwaysDisaggregate", 2, 1),
+        pd,
         H100,
         [TraceRequest(0.0, prompt, 2), TraceRequest(0.0, prompt + 1, 2)],
     )
@@ -128,8 +129,20 @@ def test_the_backlog_of_a_link_is_what_its_transfers_still_have_to_move() -> Non
     assert network.backlog("send:p", 2.0) == 0
 
 
-def test_cost_aware_routing_sees_a_slow_link_fill_and_prefills_on_decode_pods() -> None:
-    [scenario] = build_scenarios(Budget(4, 2), Slo(0.8, 0.025), ["cost-aware"])
+def test_the_router_learns_a_slow_link_and_prefills_on_decode_pods() -> None:
+    """The router times KV transfers (`PrefillSpeed.observe_transfer`); on a slow link the prefill route
+    misses the TTFT target and long prompts are prefilled where they decode (an ITL target of 100 ms leaves
+    the decode pods room for a prefill beside their streams)."""
+    scenario = Scenario(
+        "pd",
+        "LengthAware",
+        2,
+        2,
+        512,
+        ttft_target_seconds=0.8,
+        itl_target_seconds=0.1,
+        chunk_itl_seconds=0.025,
+    )
     trace = workload.shape(workload.load("azure-conv"), duration=120, rate=8)
     direct = {}
     for link in (40 * GB, 0.5 * GB):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from inferencepool.autoscaler.planner import PREFILL_BACK, PREFILL_TO_ZERO, PlannerSettings, RoleBounds
-from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.perf.profiles import get_profile
 from inferencepool.sim.cluster import PlannerScaling, Scenario, simulate
 from inferencepool.sim.workload import TraceRequest
 

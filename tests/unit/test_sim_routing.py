@@ -1,13 +1,15 @@
-"""Routing on uncached tokens with load-aware bypass (the pure rule), the router's prefix index, and what
+"""Routing on uncached tokens with load-aware bypass (the decider), the router's prefix index, and what
 they do in the simulator: a shared system prompt spreads, a long shared prefix stays together."""
 
 from __future__ import annotations
 
 import pytest
 
-from inferencepool.engine_sim.profiles import get_profile
-from inferencepool.router.policy import Route, RouteCosts, RouteReason, choose_route_by_cost
-from inferencepool.router.prefix import PrefixIndex, chained_keys
+from inferencepool.perf.profiles import get_profile
+from inferencepool.scheduling.costs import RouteCosts
+from inferencepool.scheduling.decider import Route, RouteReason
+from inferencepool.scheduling.decider import decide as choose_route_by_cost
+from inferencepool.scheduling.prefix import PrefixIndex, prompt_keys
 from inferencepool.sim.cluster import Scenario, simulate
 from inferencepool.sim.workload import TraceRequest
 
@@ -62,12 +64,12 @@ def test_route_by_cost_keeps_the_fixed_policies() -> None:
 
 def test_prefix_index_counts_leading_blocks_and_forgets_the_oldest() -> None:
     index = PrefixIndex(capacity_blocks=4)
-    a, b = chained_keys([1, 2, 3]), chained_keys([1, 2, 9])
+    a, b = prompt_keys(b"abc", 1, 9), prompt_keys(b"abz", 1, 9)
     index.sent("p", a)
     assert index.cached_blocks("p", b) == 2 and index.cached_blocks("p", a) == 3
     assert index.cached_blocks("q", a) == 0
-    assert chained_keys([5, 2])[1] != chained_keys([6, 2])[1]  # a block's key depends on what came before
-    index.sent("p", chained_keys([7, 8]))  # 5 keys > 4: the oldest (block 1's) goes
+    assert prompt_keys(b"xb", 1, 9)[1] != prompt_keys(b"yb", 1, 9)[1]  # a key depends on what came before
+    index.sent("p", prompt_keys(b"gh", 1, 9))  # 5 keys > 4: the oldest (block 1's) goes
     assert index.cached_blocks("p", a) == 0
 
 
@@ -79,7 +81,7 @@ def test_system_prompt_spreads_and_long_shared_prefix_stays_together() -> None:
         for c in range(40)
     ]
     trace.sort(key=lambda r: r.arrival)
-    longest = simulate(Scenario("long", "Colocated", 0, 4, longest_prefix=True), H100, trace)
+    longest = simulate(Scenario("long", "Colocated", 0, 4), H100, trace)
     first_turns = [r.decode_pod for r in longest.records[:40]]
     # the system prompt alone does not pin everything to one pod
     assert len(set(first_turns)) >= 3 and max(first_turns.count(p) for p in set(first_turns)) <= 20

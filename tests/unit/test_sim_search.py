@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from inferencepool.cli import main
-from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.perf.profiles import get_profile
 from inferencepool.sim import search, workload
 from inferencepool.sim.cluster import Scenario
-from inferencepool.sim.report import Slo, goodput_table
+from inferencepool.sim.report import Goodput, Slo, goodput_table
 from inferencepool.sim.workload import TraceRequest
 
 H100 = get_profile("llama-3.1-8b-h100")
@@ -134,17 +134,17 @@ def test_cli_goodput_and_static_peak(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 def test_goodput_ratios_are_against_the_best_colocated_or_always_disaggregated_pool() -> None:
     found = [
-        search.Goodput("colocated", 4, 1.0, 4.0, ()),
-        search.Goodput("colocated-tuned", 4, 2.0, 8.0, ()),  # its chunk for the ITL target: the baseline here
-        search.Goodput("static-pd 1P:3D", 4, 1.5, 6.0, ()),
-        search.Goodput("cost-aware", 4, 3.0, 12.0, ()),
-        search.Goodput("colocated-prefix", 4, 4.0, 16.0, ()),  # not a baseline
+        Goodput("colocated", 4, 1.0, 4.0, ()),
+        Goodput("colocated-tuned", 4, 2.0, 8.0, ()),  # its chunk for the ITL target: the baseline here
+        Goodput("static-pd 1P:3D", 4, 1.5, 6.0, ()),
+        Goodput("deployed", 4, 3.0, 12.0, ()),
+        Goodput("planner", 4, 4.0, 16.0, ()),  # not a baseline
     ]
     rows = {line.split()[0]: line.split()[-1] for line in goodput_table(found).splitlines()[2:]}
     assert rows == {
         "colocated": "0.50x",
         "colocated-tuned": "1.00x",
         "static-pd": "0.75x",
-        "cost-aware": "1.50x",
-        "colocated-prefix": "2.00x",
+        "deployed": "1.50x",
+        "planner": "2.00x",
     }

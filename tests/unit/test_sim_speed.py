@@ -4,19 +4,22 @@ prompts hashed once per trace give exactly the figures of the engine stepped one
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from inferencepool.engine_sim.core import EngineCore, EngineRequest, TokenEvent
 from inferencepool.engine_sim.kv import chunk_hashes
-from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.perf.profiles import get_profile
 from inferencepool.sim.cluster import ClusterSim, ScenarioResult, _prompt_work
 from inferencepool.sim.compare import Budget, build_scenarios
+from inferencepool.sim.pool import deployed_scenario, load_pool
 from inferencepool.sim.report import Slo, summarize
 from inferencepool.sim.workload import TraceRequest, load, prompt_ids, shape
 
 H100 = get_profile("llama-3.1-8b-h100")
 SLO = Slo(0.8, 0.04)
+EXAMPLE = Path(__file__).parents[2] / "examples" / "llama-3.1-8b.yaml"
 
 
 def seen(result: ScenarioResult) -> list[tuple[object, ...]]:
@@ -31,16 +34,20 @@ def seen(result: ScenarioResult) -> list[tuple[object, ...]]:
     [
         ("azure-conv", "colocated"),
         ("azure-conv", "static-pd"),
-        ("azure-conv", "adaptive"),
+        ("azure-conv", "colocated-tuned"),
         ("azure-conv", "autoscaled"),
         ("azure-conv", "planner"),
-        ("mooncake-conv", "cost-aware"),
-        ("mooncake-conv", "colocated-prefix"),
+        ("azure-conv", "deployed"),
+        ("mooncake-conv", "static-pd"),
+        ("mooncake-conv", "colocated-tuned"),
     ],
 )
 def test_decode_runs_give_the_figures_of_single_steps(trace: str, name: str) -> None:
     requests = shape(load(trace), duration=90, rate=2.0)
-    [scenario] = build_scenarios(Budget(replicas=4, prefill_replicas=2), SLO, [name])
+    if name == "deployed":  # the example spec: planner, adaptive threshold, LMCache p2p
+        scenario = deployed_scenario(load_pool(EXAMPLE), model_load_seconds=30)
+    else:
+        [scenario] = build_scenarios(Budget(replicas=4, prefill_replicas=2), SLO, [name])
     stepped = ClusterSim(scenario, H100, requests, decode_runs=False)
     batched = ClusterSim(scenario, H100, requests)
     one, many = stepped.run(), batched.run()

@@ -30,7 +30,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from inferencepool.api import labels
-from inferencepool.api.model_shapes import KNOWN_MODELS, model_shape
+from inferencepool.perf.models import KNOWN_MODELS, model_shape
 
 API_VERSION: Final = f"{labels.GROUP}/{labels.VERSION}"
 
@@ -896,7 +896,7 @@ class InferencePoolSpec(SpecModel):
         if self.engine.max_model_len is not None:
             return self.engine.max_model_len
         shape = model_shape(self.model.name)
-        return shape.max_model_len if shape is not None else None
+        return shape.max_position if shape is not None else None
 
     def pd_buffer_bytes(self) -> int | None:
         """LMCache PD receive buffer per decode pod: kvCache.pdBufferGiB, else room for PD_BUFFER_PROMPTS
@@ -1182,7 +1182,7 @@ def _pd_buffer_rules(pd_mode: str) -> list[SpecRule]:
     start when it cannot (pd_backend_async.py initialize_allocator, with the builder's pd_max_prefill_len)."""
     names = json.dumps(sorted(KNOWN_MODELS))
     kv_bytes = json.dumps({name: shape.kv_bytes_per_token for name, shape in sorted(KNOWN_MODELS.items())})
-    own_len = json.dumps({name: shape.max_model_len for name, shape in sorted(KNOWN_MODELS.items())})
+    own_len = json.dumps({name: shape.max_position for name, shape in sorted(KNOWN_MODELS.items())})
     has_buffer = "has(self.kvCache) && has(self.kvCache.pdBufferGiB)"
     max_len = (
         "(has(self.engine) && has(self.engine.maxModelLen) ? self.engine.maxModelLen : "

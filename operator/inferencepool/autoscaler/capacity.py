@@ -23,8 +23,8 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from inferencepool.engine_sim import timing
-from inferencepool.engine_sim.profiles import EngineProfile
+from inferencepool.perf import timing
+from inferencepool.perf.profiles import EngineProfile
 
 
 @dataclass(frozen=True)

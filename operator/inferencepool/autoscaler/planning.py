@@ -20,7 +20,7 @@ from dataclasses import replace
 from inferencepool.api.v1alpha1 import POOL_ROLES, Autoscaling, InferencePoolSpec, PoolRole
 from inferencepool.autoscaler.capacity import CapacityModel, from_profile
 from inferencepool.autoscaler.planner import PlannerSettings, RoleBounds
-from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.perf.profiles import get_profile
 
 DEFAULT_PROFILE = "llama-3.1-8b-h100"
 # Stand-ins for a role without a target of its own (it does not autoscale on the planner).

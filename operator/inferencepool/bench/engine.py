@@ -80,9 +80,9 @@ def _quantile(values: list[float], q: float) -> float:
 def predict(args: argparse.Namespace, concurrency: int) -> tuple[float, float, float]:
     """(tokens/s, ITL p50, ITL p90) the timing model predicts for this closed loop, in virtual time."""
     from inferencepool.engine_sim.core import EngineCore, EngineRequest
-    from inferencepool.engine_sim.profiles import get_profile
     from inferencepool.engine_sim.tokenizer import EstimateTokenizer
     from inferencepool.engine_sim.virtual import run_closed_loop
+    from inferencepool.perf.profiles import get_profile
 
     tokenizer = EstimateTokenizer()
     engine = EngineCore(get_profile(args.profile), "predict")
@@ -302,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
     if not levels or levels[0] < 1:
         print("--levels needs at least one concurrency >= 1", file=sys.stderr)
         return 2
-    from inferencepool.engine_sim.profiles import get_profile
+    from inferencepool.perf.profiles import get_profile
 
     profile = get_profile(args.profile)
     if profile.zero_compute:

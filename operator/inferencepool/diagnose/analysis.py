@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from inferencepool.api.v1alpha1 import InferencePool
 from inferencepool.diagnose.whatif import (
     DEFAULT_MAX_REQUESTS,
     DEFAULT_SECONDS,
@@ -14,7 +15,7 @@ from inferencepool.diagnose.whatif import (
 from inferencepool.diagnosis.core import Diagnosis, WhatIfRow, diagnose, with_what_if
 from inferencepool.diagnosis.settings import PoolSettings
 from inferencepool.diagnosis.window import PoolWindow, Snapshot, window
-from inferencepool.engine_sim.profiles import EngineProfile
+from inferencepool.perf.profiles import EngineProfile
 
 
 @dataclass(frozen=True)
@@ -33,12 +34,16 @@ def analyse(
     what_if_seconds: float = DEFAULT_SECONDS,
     what_if_max_requests: int = DEFAULT_MAX_REQUESTS,
     during: Sequence[Snapshot] = (),
+    pool: InferencePool | None = None,
 ) -> Analysis:
     """Diagnose the window between two snapshots (gauges from those `during` it); with a profile, replay
-    its traffic in the simulator and withdraw advice the replay contradicts."""
+    its traffic in the simulator and withdraw advice the replay contradicts (as deployed: the `pool`'s spec
+    when given)."""
     measured = window(earlier, later, during)
     diagnosis = diagnose(measured, settings)
     if profile is None or not diagnosis.enough_data:
         return Analysis(measured, diagnosis, None)
-    table = what_if(diagnosis, settings, profile, seconds=what_if_seconds, max_requests=what_if_max_requests)
+    table = what_if(
+        diagnosis, settings, profile, seconds=what_if_seconds, max_requests=what_if_max_requests, pool=pool
+    )
     return Analysis(measured, with_what_if(diagnosis, table, settings), table)

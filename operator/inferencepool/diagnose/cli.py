@@ -243,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     from inferencepool.diagnose.analysis import analyse
     from inferencepool.diagnosis.report import render
     from inferencepool.diagnosis.window import WindowError
-    from inferencepool.engine_sim.profiles import get_profile
+    from inferencepool.perf.profiles import get_profile
 
     def fail(message: str) -> int:
         print(f"inferencepool diagnose: {message}", file=sys.stderr)
@@ -304,7 +304,13 @@ def run(args: argparse.Namespace) -> int:
                     tensor_parallel=engine.tensor_parallel_size, max_model_len=engine.max_model_len
                 )
         analysis = analyse(
-            earlier, later, settings, profile, what_if_seconds=args.what_if_seconds, during=snapshots[1:-1]
+            earlier,
+            later,
+            settings,
+            profile,
+            what_if_seconds=args.what_if_seconds,
+            during=snapshots[1:-1],
+            pool=pool,
         )
     except (OSError, yaml.YAMLError, ValidationError, SnapshotFileError, WindowError, ValueError) as error:
         return fail(str(error))

@@ -15,15 +15,16 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
-from inferencepool.api.v1alpha1 import RoutingPolicy
+from inferencepool.api.v1alpha1 import InferencePool, RoutingPolicy
 from inferencepool.autoscaler.histogram import Histogram
 from inferencepool.diagnosis.core import Diagnosis, WhatIfRow
 from inferencepool.diagnosis.settings import PoolSettings
-from inferencepool.engine_sim.profiles import EngineProfile
+from inferencepool.perf.profiles import EngineProfile
 from inferencepool.sim.cluster import Scenario, simulate
+from inferencepool.sim.pool import deployed_scenario
 from inferencepool.sim.report import Slo, summarize
 from inferencepool.sim.workload import MOONCAKE_BLOCK_TOKENS, TraceRequest
 
@@ -95,9 +96,32 @@ def synthetic_trace(
     return requests
 
 
-def scenarios(settings: PoolSettings, diagnosis: Diagnosis) -> list[tuple[str, Scenario]]:
+def _with_threshold(scenario: Scenario, name: str, threshold: int) -> Scenario:
+    """The same pool with a fixed threshold (the adaptive threshold off)."""
+    router = scenario.router_config()
+    fixed = router.adaptive_threshold.model_copy(update={"enabled": False})
+    return replace(
+        scenario,
+        name=name,
+        policy="LengthAware",
+        threshold_tokens=threshold,
+        adaptive=None,
+        router=router.model_copy(
+            update={
+                "policy": "LengthAware",
+                "prefill_threshold_tokens": threshold,
+                "adaptive_threshold": fixed,
+            }
+        ),
+    )
+
+
+def scenarios(
+    settings: PoolSettings, diagnosis: Diagnosis, pool: InferencePool | None = None
+) -> list[tuple[str, Scenario]]:
     """Colocated on every engine; as deployed; each threshold candidate (or the advised disaggregation), on
-    the same engines."""
+    the same engines. With the pool's spec, "as deployed" is the simulator's `deployed` scenario (the spec as
+    the operator maps it: router, engine flags, LMCache) on the engines found, its autoscaling off."""
     engines = (
         settings.prefill_replicas + settings.decode_replicas
         if settings.disaggregated
@@ -111,17 +135,20 @@ def scenarios(settings: PoolSettings, diagnosis: Diagnosis) -> list[tuple[str, S
         policy: RoutingPolicy = (
             "AlwaysDisaggregate" if settings.policy == "AlwaysDisaggregate" else "LengthAware"
         )
-        rows.append(
-            ("current", Scenario("current", policy, prefill, engines - prefill, settings.threshold_tokens))
+        current = (
+            deployed_scenario(
+                pool,
+                name="current",
+                replicas={"prefill": prefill, "decode": engines - prefill},
+                autoscale=False,
+            )
+            if pool is not None
+            else Scenario("current", policy, prefill, engines - prefill, settings.threshold_tokens)
         )
+        rows.append(("current", current))
         threshold = diagnosis.advice_of("Threshold")
         for candidate in threshold.candidates if threshold is not None else ():
-            rows.append(
-                (
-                    "threshold",
-                    Scenario(f"threshold {candidate}", "LengthAware", prefill, engines - prefill, candidate),
-                )
-            )
+            rows.append(("threshold", _with_threshold(current, f"threshold {candidate}", candidate)))
         return rows
     disaggregate = diagnosis.advice_of("Disaggregate")
     if disaggregate is not None and disaggregate.threshold_tokens is not None:
@@ -140,6 +167,7 @@ def what_if(
     *,
     seconds: float = DEFAULT_SECONDS,
     max_requests: int = DEFAULT_MAX_REQUESTS,
+    pool: InferencePool | None = None,
 ) -> list[WhatIfRow]:
     """The table; empty when the window holds no sketch (no prompt histogram, no output lengths)."""
     traffic = sketch(diagnosis)
@@ -150,7 +178,7 @@ def what_if(
     )
     slo = Slo(settings.ttft_target_ms / 1000, settings.itl_target_ms / 1000)
     table = []
-    for name, scenario in scenarios(settings, diagnosis):
+    for name, scenario in scenarios(settings, diagnosis, pool):
         summary = summarize(simulate(scenario, profile, trace), slo)
         table.append(
             WhatIfRow(

@@ -40,8 +40,8 @@ from inferencepool.engine_sim.vllm_flags import KV_TRANSFER_CONFIG_FIELDS, SERVE
 
 if TYPE_CHECKING:
     from inferencepool.engine_sim.config import P2PConfig
-    from inferencepool.engine_sim.profiles import EngineProfile
     from inferencepool.engine_sim.server import PdConfig
+    from inferencepool.perf.profiles import EngineProfile
 
 NIXL = "NixlConnector"
 LMCACHE = "LMCacheConnectorV1"
@@ -97,7 +97,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile",
         default=None,
-        help="timing profile (env FAKE_ENGINE_PROFILE; default cpu-demo), see engine_sim/profiles.py",
+        help="timing profile (env FAKE_ENGINE_PROFILE; default cpu-demo), see perf/profiles.py",
     )
     parser.add_argument("--role", choices=("prefill", "decode", "both"), default="both")
     parser.add_argument(
@@ -140,9 +140,9 @@ def _check_batch_limits(profile: Any, max_num_batched_tokens: int | None, max_nu
 def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Any:
     """EngineConfig from vLLM-style flags and environment; raises ValueError naming a bad flag or variable."""
     from inferencepool.engine_sim.core import LmcacheSettings
-    from inferencepool.engine_sim.profiles import DEFAULT_PROFILE, get_profile
     from inferencepool.engine_sim.server import EngineConfig
     from inferencepool.engine_sim.tokenizer import load_tokenizer
+    from inferencepool.perf.profiles import DEFAULT_PROFILE, get_profile
 
     env = dict(os.environ if environ is None else environ)
     words = list(args.words)

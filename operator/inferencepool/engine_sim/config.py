@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from inferencepool.engine_sim.core import LmcacheSettings
 from inferencepool.engine_sim.nixl_compat import VLLM_VERSION, HandshakePayload, compatibility_hash
-from inferencepool.engine_sim.profiles import EngineProfile
 from inferencepool.engine_sim.tokenizer import EstimateTokenizer, Tokenizer
+from inferencepool.perf.profiles import EngineProfile
 
 
 @dataclass(frozen=True)

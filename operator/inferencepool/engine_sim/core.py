@@ -29,7 +29,6 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from inferencepool.engine_sim import timing
 from inferencepool.engine_sim.kv import (
     BlockPool,
     LruChunkStore,
@@ -38,7 +37,8 @@ from inferencepool.engine_sim.kv import (
     chunk_hashes,
     lmcache_chunk_keys,
 )
-from inferencepool.engine_sim.profiles import EngineProfile
+from inferencepool.perf import timing
+from inferencepool.perf.profiles import EngineProfile
 
 FINISH_LENGTH = "length"
 FINISH_STOP = "stop"

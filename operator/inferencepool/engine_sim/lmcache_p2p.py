@@ -41,19 +41,17 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zmq
 import zmq.asyncio
 from prometheus_client import Histogram
 
 from inferencepool.engine_sim import lmcache_wire as wire
-from inferencepool.engine_sim import timing
 from inferencepool.engine_sim.config import P2PConfig
+from inferencepool.engine_sim.host import EngineHost
 from inferencepool.engine_sim.kv import chunk_hashes
-
-if TYPE_CHECKING:
-    from inferencepool.engine_sim.server import FakeEngine
+from inferencepool.perf import timing
 
 log = logging.getLogger("inferencepool.fake_engine")
 
@@ -143,7 +141,7 @@ def tcp(host: str, port: int) -> str:
 
 
 class P2PWorker:
-    def __init__(self, engine: FakeEngine, p2p: P2PConfig, index: ControllerIndex) -> None:
+    def __init__(self, engine: EngineHost, p2p: P2PConfig, index: ControllerIndex) -> None:
         self.engine = engine
         self.p2p = p2p
         self.index = index

@@ -21,23 +21,22 @@ import contextlib
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import ClientError, ClientTimeout, web
 
-from inferencepool.engine_sim import protocol, timing
+from inferencepool.engine_sim import protocol
 from inferencepool.engine_sim.config import PdConfig
 from inferencepool.engine_sim.core import PdPush
+from inferencepool.engine_sim.host import EngineHost
 from inferencepool.engine_sim.httputil import app_runner, bound_port, error_response, json_response, url_host
-
-if TYPE_CHECKING:
-    from inferencepool.engine_sim.server import FakeEngine
+from inferencepool.perf import timing
 
 log = logging.getLogger("inferencepool.fake_engine")
 
 
 class PdReceiver:
-    def __init__(self, engine: FakeEngine, pd: PdConfig) -> None:
+    def __init__(self, engine: EngineHost, pd: PdConfig) -> None:
         self.engine = engine
         self.pd = pd
         self.init_ports: list[int] = []  # bound ports, rank order
@@ -125,7 +124,7 @@ class PdReceiver:
 
 
 class PdSender:
-    def __init__(self, engine: FakeEngine, pd: PdConfig) -> None:
+    def __init__(self, engine: EngineHost, pd: PdConfig) -> None:
         import zmq
         import zmq.asyncio
 

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
-from inferencepool.engine_sim.profiles import EngineProfile
+from inferencepool.perf.profiles import EngineProfile
 
 VLLM_VERSION: Final = "0.33.0"  # the vLLM release whose API this fake reproduces
 NIXL_CONNECTOR_VERSION: Final = 14  # vLLM 0.33's nixl/metadata.py

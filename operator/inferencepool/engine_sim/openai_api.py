@@ -9,35 +9,20 @@ import itertools
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from inferencepool import __version__
 from inferencepool.engine_sim import protocol
-from inferencepool.engine_sim.core import EngineRequest, RequestFailed, TokenEvent
+from inferencepool.engine_sim.core import EngineRequest, RequestFailed
+from inferencepool.engine_sim.host import EngineHost, Stream
 from inferencepool.engine_sim.httputil import json_response
 from inferencepool.engine_sim.nixl_compat import VLLM_VERSION
 
-if TYPE_CHECKING:
-    from inferencepool.engine_sim.server import FakeEngine
-
-
-@dataclass
-class Stream:
-    """One request's way back from the engine loop to its HTTP handler."""
-
-    queue: asyncio.Queue[TokenEvent | RequestFailed]
-    arrival_wall: float
-    last_token_wall: float | None = None
-    first_token_wall: float | None = None
-    tokens: int = 0  # output tokens delivered so far
-
 
 class OpenAIApi:
-    def __init__(self, engine: FakeEngine) -> None:
+    def __init__(self, engine: EngineHost) -> None:
         self.engine = engine
         self._ids = itertools.count()
 

@@ -24,11 +24,12 @@ from aiohttp import ClientSession, ClientTimeout, web
 
 from inferencepool.engine_sim.config import EngineConfig, PdConfig
 from inferencepool.engine_sim.core import EngineCore, RequestFailed, TokenEvent
+from inferencepool.engine_sim.host import Stream
 from inferencepool.engine_sim.httputil import app_runner, bound_port
 from inferencepool.engine_sim.lmcache_p2p import ControllerIndex, P2PWorker
 from inferencepool.engine_sim.lmcache_pd import PdReceiver, PdSender
 from inferencepool.engine_sim.metrics import EngineMetrics, request_tpot
-from inferencepool.engine_sim.openai_api import OpenAIApi, Stream
+from inferencepool.engine_sim.openai_api import OpenAIApi
 from inferencepool.engine_sim.protocol import GenerationRequest
 from inferencepool.engine_sim.side_channel import SideChannel
 

@@ -13,23 +13,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from aiohttp import ClientError, web
 
-from inferencepool.engine_sim import protocol, timing
+from inferencepool.engine_sim import protocol
 from inferencepool.engine_sim.core import RemotePrefill, RemoteRead
+from inferencepool.engine_sim.host import EngineHost
 from inferencepool.engine_sim.httputil import app_runner, bound_port, error_response, json_response, url_host
 from inferencepool.engine_sim.nixl_compat import HandshakePayload, handshake_error
-
-if TYPE_CHECKING:
-    from inferencepool.engine_sim.server import FakeEngine
+from inferencepool.perf import timing
 
 log = logging.getLogger("inferencepool.fake_engine")
 
 
 class SideChannel:
-    def __init__(self, engine: FakeEngine) -> None:
+    def __init__(self, engine: EngineHost) -> None:
         self.engine = engine
         self._peers: set[str] = set()  # prefill engines handshaken with (vLLM's _remote_agents)
 

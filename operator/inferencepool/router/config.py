@@ -21,6 +21,7 @@ from inferencepool.api.v1alpha1 import (
     KVConnector,
     RoutingPolicy,
 )
+from inferencepool.scheduling.scheduler import SchedulerConfig
 
 # The API's own enums (spec.router.policy, spec.kvTransfer.connector), so values copy across as they are.
 TransferMode = KVConnector
@@ -251,6 +252,19 @@ class RouterConfig(_Model):
                 f"[{self.adaptive_threshold.min_tokens}, {self.adaptive_threshold.max_tokens}]"
             )
         return self
+
+    def scheduling(self) -> SchedulerConfig:
+        """The scheduling core's settings (the router's and the simulator's `Scheduler`)."""
+        affinity = self.prefix_affinity
+        return SchedulerConfig(
+            policy=self.policy,
+            ttft_target_seconds=self.adaptive_threshold.ttft_target_milliseconds / 1000,
+            itl_target_seconds=self.adaptive_threshold.itl_target_milliseconds / 1000,
+            block_tokens=affinity.block_tokens if affinity.enabled else 0,
+            anchor_blocks=affinity.shared_prefix_blocks,
+            load_factor=affinity.load_factor_percent / 100,
+            min_load_bound=affinity.min_load_bound,
+        )
 
     def to_wire(self) -> dict[str, object]:
         """The camelCase document the operator writes into the ConfigMap (defaults included, so it is

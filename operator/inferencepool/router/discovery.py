@@ -44,7 +44,8 @@ def pod_spec_from_object(pod: Mapping[str, Any], port_name: str = "http") -> Pod
     """A Pod (as the API server serializes it, camelCase) -> what the router needs, or None if not routable
     yet."""
     metadata = pod.get("metadata") or {}
-    role = (metadata.get("labels") or {}).get(labels.LABEL_ROLE)
+    pod_labels = metadata.get("labels") or {}
+    role = pod_labels.get(labels.LABEL_ROLE)
     if role not in ("prefill", "decode"):
         return None
     url = http_url(pod, port_name, DEFAULT_ENGINE_PORT)
@@ -56,6 +57,7 @@ def pod_spec_from_object(pod: Mapping[str, Any], port_name: str = "http") -> Pod
         role=role,
         ready=is_ready(pod) and (pod.get("status") or {}).get("phase") == "Running",
         terminating=metadata.get("deletionTimestamp") is not None,
+        kv_compat=pod_labels.get(labels.LABEL_KV_COMPAT),
     )
 
 

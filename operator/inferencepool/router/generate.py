@@ -1,7 +1,7 @@
 """Route orchestration for one generation request: read and count the prompt (and hash its blocks, in the
-same pass), choose the decode pod (longest cached prefix under the load bound, pods.py and prefix.py), then
-the route from that pod's uncached tokens and both pools' queues (policy.choose_route_by_cost, costs.py),
-run the transfer mode's prefill leg when disaggregated, then the decode leg and its relay to the client."""
+same pass), let the scheduling core choose the pods and the route (`inferencepool.scheduling`), run the
+transfer mode's prefill leg when disaggregated, then the decode leg and its relay to the client. The
+orchestrator times what the scheduler learns from: idle prefill legs and KV transfers (`PrefillSpeed`)."""
 
 from __future__ import annotations
 
@@ -15,17 +15,18 @@ import orjson
 from inferencepool.router.adaptive import AdaptiveThreshold
 from inferencepool.router.calibration import Calibrator
 from inferencepool.router.config import RouterConfig
-from inferencepool.router.costs import PrefillSpeed, TransferClock, route_costs
 from inferencepool.router.errors import UpstreamError
 from inferencepool.router.http1 import Reply, Request
 from inferencepool.router.legs import Legs
 from inferencepool.router.metrics import RouterMetrics
 from inferencepool.router.pods import Pod, Queued
-from inferencepool.router.policy import Route, choose_route_by_cost
 from inferencepool.router.prompt import BadRequest, Endpoint, read_prompt
 from inferencepool.router.relay import NothingSent, Relay, Resumable
 from inferencepool.router.tokens import TokenCounter
 from inferencepool.router.transfer import ClientRequest, Transfer
+from inferencepool.scheduling.costs import PrefillSpeed
+from inferencepool.scheduling.decider import Route
+from inferencepool.scheduling.scheduler import Scheduler
 
 log = logging.getLogger("inferencepool.router")
 
@@ -52,11 +53,8 @@ class Orchestrator:
         self.metrics = metrics
         self.threshold = threshold
         self.calibrator = calibrator
-        tuning = config.prefix_affinity
-        self._block_tokens = tuning.block_tokens if tuning.enabled else 0
-        self._ttft_target = config.adaptive_threshold.ttft_target_milliseconds / 1000
-        self._itl_target = config.adaptive_threshold.itl_target_milliseconds / 1000
-        self.speed = PrefillSpeed()
+        self.scheduler = Scheduler(config.scheduling())
+        self._block_tokens = self.scheduler.config.block_tokens
 
     async def generate(self, request: Request, reply: Reply, endpoint: Endpoint) -> None:
         started = time.monotonic()
@@ -75,28 +73,16 @@ class Orchestrator:
         calibrator = self.calibrator
         if calibrator is not None and calibrator.wants_sample:
             calibrator.offer(endpoint, body, prompt)
-        pods = self.legs.pods
-        now = time.monotonic()
-        policy = self.config.policy
-        decode_pod, cached_blocks = pods.choose("decode", now, keys)
-        uncached = tokens - min(cached_blocks * block_tokens, tokens - 1) if cached_blocks else tokens
-        prefill_ready = pods.has_available("prefill")
-        prefill_pod: Pod | None = None
-        prefill_tokens = tokens
-        if prefill_ready and policy != "Colocated":
-            prefill_pod, prefill_blocks = pods.choose("prefill", now, keys)
-            if prefill_blocks:
-                prefill_tokens = tokens - min(prefill_blocks * block_tokens, tokens - 1)
-        speed = self.speed
-        costs = route_costs(speed, uncached, prefill_pod, decode_pod, self._ttft_target, self._itl_target)
-        route, reason = choose_route_by_cost(policy, costs, self.threshold.threshold, prefill_ready, tokens)
+        decision = self.scheduler.schedule(
+            tokens, keys, self.legs.pods, time.monotonic(), self.threshold.threshold
+        )
+        route, reason = decision.route, decision.reason
+        decode_pod, prefill_pod = decision.decode, decision.prefill
+        uncached = decision.uncached_tokens
         self.metrics.decisions_by_reason[reason].inc()
         self.metrics.decision_tokens_by_reason[reason].inc(tokens)
-        speed.observe_prompt(uncached)
         if route is Route.FALLBACK:
-            self.metrics.fallbacks.labels("no_prefill_pod").inc()
-        if decode_pod is not None:
-            pods.sent(decode_pod, keys)  # it computes the prompt, or the transfer lands its KV there
+            self.metrics.fallbacks.labels(reason.value).inc()
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         headers = [("Content-Type", "application/json"), ("X-Request-Id", request_id)]
         authorization = request.headers.get("authorization")
@@ -104,8 +90,9 @@ class Orchestrator:
             headers.append(("Authorization", authorization))
 
         decode_payload = raw
+        speed = self.scheduler.speed
         if route is Route.DISAGGREGATED and prefill_pod is not None:
-            pods.sent(prefill_pod, keys)
+            prefill_tokens = decision.prefill_tokens
             found_idle = prefill_pod.queued_tokens == 0 and prefill_pod.engine_waiting == 0
             work = Queued(prefill_pod, prefill_tokens)
             leg_started = time.monotonic()
@@ -209,3 +196,18 @@ class _Job:
     tokens: int = 0  # prompt tokens as counted, for the per-route token counter the autoscaler reads
     queued: Queued | None = None  # a direct prompt's prefill work on its decode pod, until its first token
     transfer: TransferClock | None = None  # a disaggregated one's decode leg, on a pod that had no queue
+
+
+class TransferClock:
+    """Times one disaggregated request's decode leg to its first token (`first_token`, called by the
+    relay)."""
+
+    __slots__ = ("speed", "started", "tokens")
+
+    def __init__(self, speed: PrefillSpeed, tokens: int) -> None:
+        self.speed = speed
+        self.tokens = tokens
+        self.started = time.monotonic()
+
+    def first_token(self) -> None:
+        self.speed.observe_transfer(time.monotonic() - self.started, self.tokens)

@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from inferencepool.router.pods import PodSet
-from inferencepool.router.policy import Route, RouteReason
+from inferencepool.scheduling.decider import Route, RouteReason
 
 PREFIX = "inferencepool_router"
 # vLLM's own TTFT and ITL buckets, so router-observed and engine-observed figures line up bucket for bucket.
@@ -165,7 +165,8 @@ class RouterMetrics:
         self.decisions = Counter(
             f"{PREFIX}_disaggregation_decisions",
             "Route decisions by reason: policy, short, cached (long but the decode pod holds its prefix), "
-            "long, prefill_busy, decode_busy, prefill_idle, no_prefill_pod",
+            "long, prefill_busy, decode_busy, prefill_idle, no_prefill_pod, kv_incompatible (no prefill pod "
+            "whose KV the decode pod can load)",
             ["reason"],
             registry=registry,
         )
@@ -218,6 +219,7 @@ class RouterMetrics:
         self.itl_by_route = {route: self.itl.labels(route.value) for route in Route}
         for reason in (
             "no_prefill_pod",
+            "kv_incompatible",
             "prefill_failed",
             "kv_push_timeout",
             "decode_leg_failed",

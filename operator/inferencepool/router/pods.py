@@ -1,30 +1,27 @@
-"""The engine pods the router knows and how it picks one (pure, no I/O; time is passed in).
+"""The engine pods the router knows (pure, no I/O; time is passed in).
 
-The live router chooses with `PodSet.choose`: the longest cached prefix under a load bound, ties and cold
-prefixes by rendezvous hashing (prefix.py), from each pod's load: the router's own requests in flight or,
-when larger, what the engine itself reports running and waiting (scraped off the request path, which also
-shows other router replicas' requests). `PodSet.pick` stays for callers without prompt keys:
-
-Pick = least outstanding requests, or, when the request has a prefix-affinity key, consistent hashing with
-bounded loads (Mirrokni, Thorup, Zadimoghaddam, "Consistent Hashing with Bounded Loads", 2018): walk the hash
-ring from the key and take the first pod whose load stays under `load_factor` x the mean, so one hot prefix
-cannot pile onto one pod while prompts sharing a prefix still land where their KV blocks are cached.
+A request's pods are the scheduling core's choice (`inferencepool.scheduling`), over `PodSet.available` and
+each pod's load: the router's own requests in flight or, when larger, what the engine itself reports running
+and waiting (scraped off the request path, which also shows other router replicas' requests). `PodSet.pick`
+is for legs that need a pod without a scheduling decision (retries, calibration, a decode leg whose prefill
+pod named none): least outstanding requests, or, with an affinity key, the first pod on the hash ring from
+the key that is under the bounded-load rule (`scheduling.filters.load_bound`).
 """
 
 from __future__ import annotations
 
 import bisect
 import hashlib
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
 from urllib.parse import urlsplit
 
-from inferencepool.router import prefix
-from inferencepool.router.prefix import PrefixIndex
+from inferencepool.scheduling import prefix
+from inferencepool.scheduling.endpoint import EngineRole
+from inferencepool.scheduling.filters import load_bound
+from inferencepool.scheduling.picker import least_loaded
+from inferencepool.scheduling.prefix import PrefixIndex
 
-EngineRole = Literal["prefill", "decode"]
 ROLES: tuple[EngineRole, ...] = ("prefill", "decode")
 
 # A pod whose connection failed sits out this long (doubling per consecutive failure, capped) while others
@@ -46,6 +43,7 @@ class PodSpec:
     role: EngineRole
     ready: bool = True
     terminating: bool = False
+    kv_compat: str | None = None  # the pod's LABEL_KV_COMPAT: prefill and decode pods pair on equal values
 
 
 @dataclass(eq=False, slots=True)
@@ -68,6 +66,7 @@ class Pod:
     engine_waiting: int = 0
     kv_usage: float = 0.0
     queued_tokens: int = 0
+    kv_compat: str | None = None
     seed: int = 0  # the name's rendezvous seed
 
     def __post_init__(self) -> None:
@@ -189,8 +188,7 @@ class PodSet:
     virtual_nodes: int = 64
     # An engine batching a few requests is far from saturated: below this, a prefix hit beats balance.
     min_load_bound: int = 4
-    # prefix choice: blocks a shared prefix needs before it counts, and keys remembered per pod
-    anchor_blocks: int = 4
+    # keys remembered per pod (the prefix index the scheduler reads and records into)
     index_blocks: int = DEFAULT_INDEX_BLOCKS
     pods: dict[str, Pod] = field(default_factory=dict)
     prefixes: PrefixIndex = field(init=False)
@@ -206,8 +204,10 @@ class PodSet:
         fresh: dict[str, Pod] = {}
         for spec in specs:
             pod = self.pods.get(spec.name)
-            if pod is None or pod.url != spec.url or pod.role != spec.role:
-                pod = Pod(name=spec.name, url=spec.url, role=spec.role)
+            if pod is None or pod.url != spec.url or pod.role != spec.role or pod.kv_compat != spec.kv_compat:
+                if pod is not None:  # another engine under the name: its cache starts empty
+                    self.prefixes.forget(spec.name)
+                pod = Pod(name=spec.name, url=spec.url, role=spec.role, kv_compat=spec.kv_compat)
             pod.ready, pod.terminating, pod.known = spec.ready, spec.terminating, True
             fresh[spec.name] = pod
         for name, pod in self.pods.items():
@@ -246,35 +246,11 @@ class PodSet:
             return candidates[0]
         if affinity_key is not None:
             by_name = {pod.name: pod for pod in candidates}
-            total = sum(pod.outstanding for pod in candidates)
-            bound = max(math.ceil(self.load_factor * (total + 1) / len(candidates)), self.min_load_bound)
+            bound = load_bound([pod.outstanding for pod in candidates], self.load_factor, self.min_load_bound)
             for name in self._rings[role].walk(affinity_key):
                 pod = by_name.get(name)
                 if pod is not None and pod.outstanding < bound:
                     return pod
-        least = min(pod.outstanding for pod in candidates)
-        tied = [pod for pod in candidates if pod.outstanding == least]
         # Rotate among equally loaded pods so an idle pool still spreads requests.
         self._rotation += 1
-        return tied[self._rotation % len(tied)]
-
-    def choose(
-        self, role: EngineRole, now: float, keys: list[int], exclude: frozenset[str] = frozenset()
-    ) -> tuple[Pod | None, int]:
-        """The pod for a prompt with these chained block keys and its cached prefix in blocks (prefix.py);
-        by load alone (`pick`) when the prompt has no whole block. Pods whose KV is full with requests
-        waiting are left out while others can serve."""
-        candidates = self.available(role, now, exclude)
-        if not keys or not candidates:
-            return self.pick(role, now, None, exclude), 0
-        roomy = [pod for pod in candidates if not pod.kv_full] or candidates
-        choice = prefix.choose(
-            roomy, keys, self.prefixes, self.anchor_blocks, self.load_factor, self.min_load_bound
-        )
-        assert choice is not None
-        return self.pods[choice.pod], choice.cached_blocks
-
-    def sent(self, pod: Pod, keys: list[int]) -> None:
-        """The pod will hold this prompt's KV (it computes it, or a KV transfer lands it there)."""
-        if keys:
-            self.prefixes.sent(pod.name, keys)
+        return least_loaded(candidates, self._rotation)

@@ -23,8 +23,8 @@ from inferencepool.router.errors import UpstreamError, error_body
 from inferencepool.router.http1 import Headers, Reply, UpstreamFailure
 from inferencepool.router.legs import Leg, Legs
 from inferencepool.router.metrics import RouterMetrics
-from inferencepool.router.policy import Route
 from inferencepool.router.prompt import Endpoint
+from inferencepool.scheduling.decider import Route
 
 log = logging.getLogger("inferencepool.router")
 

@@ -57,7 +57,6 @@ class Router:
             load_factor=affinity.load_factor_percent / 100,
             virtual_nodes=affinity.virtual_nodes,
             min_load_bound=affinity.min_load_bound,
-            anchor_blocks=affinity.shared_prefix_blocks,
             index_blocks=affinity.index_blocks,
         )
         self.metrics = RouterMetrics(

@@ -12,12 +12,13 @@ from __future__ import annotations
 import hashlib
 import os
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from inferencepool.router.prefix import prompt_keys
 from inferencepool.router.prompt import Prompt
+from inferencepool.scheduling.prefix import prompt_keys
 
 # Llama 3's template wraps each message in <|start_header_id|>role<|end_header_id|>\n\n ... <|eot_id|> and
 # appends an assistant header: about 4 tokens per message and 4 for the generation prompt (the role word is in
@@ -61,7 +62,8 @@ def _ids_key(ids: tuple[int, ...] | list[int], key_tokens: int) -> int | None:
     return _hash(b"".join(i.to_bytes(4, "little", signed=False) for i in ids[:key_tokens]))
 
 
-def _ids_keys(ids: tuple[int, ...] | list[int], block_tokens: int, max_blocks: int) -> list[int]:
+def ids_keys(ids: Sequence[int], block_tokens: int, max_blocks: int) -> list[int]:
+    """The chained keys of a prompt of token ids (4 bytes each), up to `max_blocks` whole blocks."""
     if len(ids) < block_tokens:
         return []
     return prompt_keys(array("I", ids[: block_tokens * max_blocks]).tobytes(), block_tokens * 4, max_blocks)
@@ -106,7 +108,7 @@ class EstimateCounter:
 
     def measure_prefix(self, prompt: Prompt, block_tokens: int, max_blocks: int) -> tuple[int, list[int]]:
         if prompt.token_ids:
-            return self.count(prompt), _ids_keys(prompt.token_ids[0], block_tokens, max_blocks)
+            return self.count(prompt), ids_keys(prompt.token_ids[0], block_tokens, max_blocks)
         block_chars = block_tokens * AFFINITY_CHARS_PER_TOKEN
         text = prompt.texts[0]
         if len(text) < block_chars:
@@ -159,13 +161,13 @@ class HFTokenCounter:
     def measure_prefix(self, prompt: Prompt, block_tokens: int, max_blocks: int) -> tuple[int, list[int]]:
         if prompt.token_ids:
             ids = prompt.token_ids[0]
-            return max(len(ids) for ids in prompt.token_ids), _ids_keys(ids, block_tokens, max_blocks)
+            return max(len(ids) for ids in prompt.token_ids), ids_keys(ids, block_tokens, max_blocks)
         if len(prompt.texts) == 1:
             encodings = [self.tokenizer.encode(prompt.texts[0], add_special_tokens=True)]
         else:
             encodings = self.tokenizer.encode_batch(list(prompt.texts), add_special_tokens=True)
         tokens = max(len(e.ids) for e in encodings)
-        keys = _ids_keys(_without_added_specials(encodings[0]), block_tokens, max_blocks)
+        keys = ids_keys(_without_added_specials(encodings[0]), block_tokens, max_blocks)
         return tokens + _chat_allowance(prompt), keys
 
 

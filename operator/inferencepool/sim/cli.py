@@ -1,8 +1,8 @@
-"""`inferencepool sim`: what disaggregation, the length-aware threshold and per-pool autoscaling buy on a
-trace.
+"""`inferencepool sim`: what a pool spec buys on a trace, against what a user would run instead.
 
-Every scenario replays the same trace in virtual time through the real router policy and autoscaler decisions
-on simulated engines, and the table compares them with the colocated baseline of the same run.
+Every scenario replays the same trace in virtual time through the live router's scheduling core and the
+real autoscaler decisions on simulated engines. With `--pool FILE.yaml` the spec, mapped as the operator maps
+it, is the `deployed` scenario (`sim/pool.py`); the table compares it with the baselines of the same run.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from inferencepool.engine_sim.profiles import EngineProfile
-    from inferencepool.sim.cluster import Scenario
+    from inferencepool.perf.profiles import EngineProfile
+    from inferencepool.sim.cluster import Scenario, ScenarioResult
     from inferencepool.sim.compare import Budget
     from inferencepool.sim.report import Slo
     from inferencepool.sim.workload import TraceRequest
@@ -70,12 +70,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     pool = parser.add_argument_group("pool")
     pool.add_argument(
+        "--pool",
+        type=Path,
+        default=None,
+        help="an InferencePool manifest: the `deployed` scenario, mapped as the operator maps it (policy, "
+        "threshold, adaptive threshold, chunks, max-num-seqs, autoscaling, LMCache, TP); the baselines get "
+        "its initial GPU count unless --replicas says otherwise",
+    )
+    pool.add_argument(
         "--profile", default="llama-3.1-8b-h100", help="engine profile. Default: llama-3.1-8b-h100"
     )
     pool.add_argument(
         "--max-model-len", type=int, default=None, help="vLLM --max-model-len (profile's by default)"
     )
-    pool.add_argument("--replicas", type=int, default=4, help="engines in each static scenario. Default: 4")
+    pool.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="engines in each static scenario. Default: the --pool spec's initial replicas, else 4",
+    )
     pool.add_argument(
         "--prefill",
         type=int,
@@ -84,12 +97,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     pool.add_argument(
         "--threshold", type=int, default=4096, help="LengthAware prefill threshold tokens. Default: 4096"
-    )
-    pool.add_argument(
-        "--adaptive-min", type=int, default=1024, help="adaptive threshold lower bound. Default: 1024"
-    )
-    pool.add_argument(
-        "--adaptive-max", type=int, default=16384, help="adaptive threshold upper bound. Default: 16384"
     )
     pool.add_argument(
         "--prefill-chunk",
@@ -189,9 +196,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument(
         "--scenarios",
-        default=",".join(SCENARIO_NAMES),
-        help=f"comma-separated subset of {','.join(SCENARIO_NAMES)} (the default), or of "
-        f"{','.join(EXTRA_SCENARIOS)}",
+        default=None,
+        help=f"comma-separated subset of deployed (with --pool), {','.join(SCENARIO_NAMES)} (the default), "
+        f"or of {','.join(EXTRA_SCENARIOS)}",
     )
     parser.add_argument("--out", default="out/sim", help="folder for sim.json and plots. Default: out/sim")
     parser.add_argument("--no-plots", action="store_true", help="skip the matplotlib plots")
@@ -227,9 +234,18 @@ def _requests(args: argparse.Namespace) -> list[TraceRequest]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from inferencepool.engine_sim.profiles import get_profile
+    from inferencepool.perf.profiles import get_profile
     from inferencepool.sim import report, search, workload
-    from inferencepool.sim.compare import SEARCHED, Budget, build_scenarios, compare, static_layout
+    from inferencepool.sim.compare import (
+        DEPLOYED,
+        SCENARIO_NAMES,
+        SEARCHED,
+        Budget,
+        build_scenarios,
+        compare,
+        static_layout,
+    )
+    from inferencepool.sim.pool import deployed_profile, deployed_scenario, load_pool
 
     started = time.monotonic()
     try:
@@ -238,13 +254,28 @@ def run(args: argparse.Namespace) -> int:
             profile = profile.with_overrides(max_model_len=args.max_model_len)
         requests = _requests(args)
         slo = report.Slo(args.ttft_slo_ms / 1000, args.itl_slo_ms / 1000)
-        names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
+        deployed = None
+        if args.pool is not None:
+            pool = load_pool(args.pool)
+            profile = deployed_profile(pool, profile)
+            # goodput is defined for a fixed pool: the spec's initial layout, its autoscaling off
+            deployed = deployed_scenario(
+                pool, autoscale=not args.goodput, model_load_seconds=args.model_load_seconds
+            )
+        default_names = (DEPLOYED, *SCENARIO_NAMES) if deployed is not None else SCENARIO_NAMES
+        names = [n.strip() for n in (args.scenarios or ",".join(default_names)).split(",") if n.strip()]
+        if DEPLOYED in names and deployed is None:
+            raise ValueError("the deployed scenario is a pool spec: give it with --pool FILE.yaml")
+        replicas = args.replicas
+        if replicas is None:
+            replicas = deployed.prefill_replicas + deployed.decode_replicas if deployed is not None else 4
+        prefill = args.prefill
+        if prefill is None and deployed is not None and 1 <= deployed.prefill_replicas < replicas:
+            prefill = deployed.prefill_replicas
         budget = Budget(
-            replicas=args.replicas,
-            prefill_replicas=args.prefill if args.prefill is not None else max(1, args.replicas // 2),
+            replicas=replicas,
+            prefill_replicas=prefill if prefill is not None else max(1, replicas // 2),
             threshold_tokens=args.threshold,
-            adaptive_min_tokens=args.adaptive_min,
-            adaptive_max_tokens=args.adaptive_max,
             max_replicas_per_pool=args.max_replicas,
             model_load_seconds=args.model_load_seconds,
             interval_seconds=args.interval,
@@ -261,10 +292,12 @@ def run(args: argparse.Namespace) -> int:
             lmcache_p2p=args.p2p,
         )
         scenarios = build_scenarios(budget, slo, names)
+        if deployed is not None and DEPLOYED in names:
+            scenarios.insert(0, deployed)
         link = None if args.kv_link_gbps is None else args.kv_link_gbps * 1e9
         if link is not None and link <= 0:
             raise ValueError(f"--kv-link-gbps must be > 0, got {args.kv_link_gbps}")
-    except ValueError as error:  # TraceError, bad profile, bad bounds: the message names the problem
+    except (ValueError, OSError) as error:  # TraceError, bad profile or spec: the message names the problem
         print(f"inferencepool sim: {error}", file=sys.stderr)
         return 2
 
@@ -311,7 +344,7 @@ def run(args: argparse.Namespace) -> int:
             requests,
             slo,
             window_seconds=args.peak_window,
-            max_replicas=2 * (args.max_replicas or args.replicas),
+            max_replicas=2 * (args.max_replicas or budget.replicas),
             kv_link_bytes_per_s=link,
             focus_seconds=args.peak_focus,
         )
@@ -339,6 +372,11 @@ def run(args: argparse.Namespace) -> int:
             summaries.append(report.summarize(result, slo, args.peak_window))
     for scenario in scenarios:
         clock["start"] = time.monotonic()
+        if scenario.policy == "AlwaysDisaggregate" and scenario.name == "static-pd":
+            result = _best_split(scenario, budget.replicas, profile, requests, slo, link)
+            results.append(result)
+            summaries.append(report.summarize(result, slo, args.peak_window))
+            continue
         [result], _ = compare(
             [scenario],
             profile,
@@ -368,6 +406,34 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _best_split(
+    base: Scenario,
+    replicas: int,
+    profile: EngineProfile,
+    requests: list[TraceRequest],
+    slo: Slo,
+    link: float | None,
+) -> ScenarioResult:
+    """Always-disaggregate at its best P:D split of the budget: the highest SLO attainment, then goodput."""
+    from inferencepool.sim.compare import compare
+
+    best: tuple[tuple[float, float], ScenarioResult] | None = None
+    for prefill in range(1, replicas):
+        layout = dataclasses.replace(
+            base,
+            name=f"{base.name} {prefill}P:{replicas - prefill}D",
+            prefill_replicas=prefill,
+            decode_replicas=replicas - prefill,
+        )
+        [result], [summary] = compare([layout], profile, requests, slo, kv_link_bytes_per_s=link)
+        rank = (summary.slo_attainment_percent, summary.goodput_rps)
+        print(f"  {layout.name}: {rank[0]:.1f}% SLO, {rank[1]:.2f} r/s", file=sys.stderr, flush=True)
+        if best is None or rank > best[0]:
+            best = (rank, result)
+    assert best is not None
+    return best[1]
+
+
 def _goodput(
     args: argparse.Namespace,
     scenarios: list[Scenario],
@@ -382,7 +448,7 @@ def _goodput(
 ) -> int:
     from inferencepool.sim import report, search
 
-    found: list[search.Goodput] = []
+    found: list[report.Goodput] = []
     for scenario in scenarios:
         if scenario.autoscaling is not None or scenario.planner is not None:
             print(f"  {scenario.name}: skipped (goodput is defined for a fixed pool)", file=sys.stderr)
@@ -391,8 +457,8 @@ def _goodput(
         result = search.goodput(scenario, profile, requests, slo, kv_link_bytes_per_s=link)
         found.append(result)
         print(f"  {scenario.name}: {time.monotonic() - clock:.1f} s wall", file=sys.stderr, flush=True)
-    if args.splits:
-        for base in scenarios:
+    for base in scenarios:
+        if args.splits or base.name == "static-pd":
             if base.policy == "Colocated" or base.autoscaling is not None or base.planner is not None:
                 continue
             clock = time.monotonic()

@@ -1,8 +1,8 @@
 """One pool of simulated engines in virtual time, driven by the real router and autoscaler decisions.
 
 Engines are `EngineCore`s (the fake engine's timing and KV model). The router part is the production code:
-`choose_route` decides direct vs disaggregated, `PodSet.pick` picks the pod (least outstanding, bounded-load
-prefix affinity), `adapt` moves an adaptive threshold from the same router-observed samples the
+the live router's scheduling core picks the pods and the route (`sim/router.py` drives it as
+`router/generate.py` does), and `adapt` moves an adaptive threshold from the same router-observed samples the
 router collects. A disaggregated request runs a one-token prefill leg on a prefill engine that keeps its KV
 (NIXL `remote_decode`), then a decode leg on a decode engine that reads that KV (`remote_prefill`): the
 decode engine asks for the read, the simulator moves the KV bytes (the model's KV bytes per token times the
@@ -54,7 +54,6 @@ from inferencepool.autoscaler.planner import (
     RouteLoad,
 )
 from inferencepool.autoscaler.policy import Recommender
-from inferencepool.engine_sim import timing
 from inferencepool.engine_sim.core import (
     DecodeRun,
     EngineCore,
@@ -68,16 +67,20 @@ from inferencepool.engine_sim.core import (
 )
 from inferencepool.engine_sim.kv import CHUNK_TOKENS, SharedPrefixIndex, chunk_hashes
 from inferencepool.engine_sim.metrics import ITL_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
-from inferencepool.engine_sim.profiles import EngineProfile
-from inferencepool.router.config import AdaptiveThresholdConfig, PrefixAffinityConfig
-from inferencepool.router.pods import EngineRole, Pod, PodSet, PodSpec
-from inferencepool.router.policy import Route, RouteCosts, choose_route, choose_route_by_cost
-from inferencepool.router.prefix import PrefixIndex, chained_keys
-from inferencepool.router.prompt import Prompt
+from inferencepool.perf import timing
+from inferencepool.perf.profiles import EngineProfile
+from inferencepool.router.config import (
+    AdaptiveThresholdConfig,
+    PrefixAffinityConfig,
+    RouterConfig,
+    StaticBackends,
+)
+from inferencepool.router.pods import EngineRole, PodSpec
 from inferencepool.router.threshold import SampleWindow, adapt, percentile
-from inferencepool.router.tokens import EstimateCounter
+from inferencepool.scheduling.decider import Route
 from inferencepool.sim.network import Network
-from inferencepool.sim.workload import MOONCAKE_BLOCK_TOKENS, TraceRequest, prompt_ids
+from inferencepool.sim.router import SimRouter
+from inferencepool.sim.workload import TraceRequest, prompt_ids
 
 REJECTED = "rejected"  # longer than max_model_len: the engine answers 400 and nothing runs
 CHUNK_CONTEXT_TOKENS = 2048  # the context a decode pod's prefill chunk is sized at (`chunk_for_itl`)
@@ -100,12 +103,18 @@ class _PromptWork:
     """What the router and the engines derive from one prompt's ids, computed once however often the
     prompt is replayed (every scenario and every probe of a goodput search replays the same trace)."""
 
-    __slots__ = ("affinity", "hashes", "ids")
+    __slots__ = ("hashes", "ids", "keys")
 
     def __init__(self, ids: Sequence[int]) -> None:
         self.ids = ids
         self.hashes: tuple[bytes, ...] | None = None  # the engines' chunk hashes (`kv.chunk_hashes`)
-        self.affinity: dict[int, int | None] = {}  # the router's affinity key, by key length in tokens
+        self.keys: dict[int, list[int]] = {}  # the router's block keys, by block size in tokens
+
+    def block_keys(self, router: SimRouter) -> list[int]:
+        keys = self.keys.get(router.block_tokens)
+        if keys is None:
+            keys = self.keys[router.block_tokens] = router.keys(self.ids)
+        return keys
 
     def chunk_hashes(self) -> tuple[bytes, ...]:
         if self.hashes is None:
@@ -165,16 +174,17 @@ class Scenario:
     prefix_affinity: bool = True
     prefill_chunk_tokens: int | None = None  # --max-num-batched-tokens of prefill replicas (None: profile's)
     decode_chunk_tokens: int | None = None  # ... of decode replicas, or of every replica of a Colocated pool
+    # --max-num-seqs per role (None: the profile's, capped at the chunk as vLLM requires)
+    prefill_max_num_seqs: int | None = None
+    decode_max_num_seqs: int | None = None
     planner: PlannerScaling | None = None
-    # issue-14 routing: decide on the chosen decode pod's uncached tokens and both pools' queues
-    # (`choose_route_by_cost`), and pick that pod by the longest prefix it holds (`routing.PrefixIndex`)
-    cost_aware: bool = False
-    longest_prefix: bool = False
-    cost_ttft_target_seconds: float | None = None  # the load-aware bypass's target (None: no bypass)
-    # the threshold on uncached tokens is the decode pods' prefill chunk: a prompt whose uncached part fits
-    # one chunk stretches one step of its decode pod, while through the prefill pool it pays a queue and a
-    # transfer of its whole KV; anything longer stalls the decodes for several steps (threshold_tokens unused)
-    threshold_from_chunk: bool = False
+    # the router's latency targets (its load-aware bypass weighs routes against them); None: the router's
+    # defaults, as for a pool without autoscaling targets
+    ttft_target_seconds: float | None = None
+    itl_target_seconds: float | None = None
+    # the router's config as the operator renders it from a pool spec (`builders.router.router_config`; the
+    # `deployed` scenario); None: one built from the fields above (`router_config`)
+    router: RouterConfig | None = None
     # decode (or colocated) pods' chunk from this ITL target (`chunk_for_itl`), unless decode_chunk_tokens
     chunk_itl_seconds: float | None = None
     # LMCache on every engine (the pool's kvCache): a CPU tier of this many GiB per replica (LMCache's
@@ -204,6 +214,30 @@ class Scenario:
             raise ValueError(f"scenario {self.name}: {self.policy} needs at least one prefill replica")
         if self.policy == "Colocated" and (self.prefill_replicas or self.autoscaling):
             raise ValueError(f"scenario {self.name}: a Colocated pool has no prefill replicas to scale")
+        router = self.router
+        if router is not None and (
+            router.policy != self.policy or router.prefill_threshold_tokens != self.threshold_tokens
+        ):
+            raise ValueError(f"scenario {self.name}: its router config routes by another policy or threshold")
+
+    def router_config(self) -> RouterConfig:
+        """What the simulated router runs: the operator's rendering when the scenario carries one, else the
+        scenario's policy, threshold, adaptive threshold, targets and prefix affinity on router defaults."""
+        if self.router is not None:
+            return self.router
+        defaults = self.adaptive or AdaptiveThresholdConfig()
+        update: dict[str, object] = {}
+        if self.ttft_target_seconds is not None:
+            update["ttft_target_milliseconds"] = round(self.ttft_target_seconds * 1000)
+        if self.itl_target_seconds is not None:
+            update["itl_target_milliseconds"] = round(self.itl_target_seconds * 1000)
+        return RouterConfig(
+            static=StaticBackends(),
+            policy=self.policy,
+            prefill_threshold_tokens=self.threshold_tokens,
+            adaptive_threshold=defaults.model_copy(update=update),
+            prefix_affinity=PrefixAffinityConfig(enabled=self.prefix_affinity),
+        )
 
 
 @dataclass(eq=False)
@@ -224,6 +258,8 @@ class RequestRecord:
     finishes: int = 0  # conservation check: exactly one finish per request
     prefill_pod: str | None = None
     decode_pod: str | None = None
+    reason: str = ""  # why the router chose the route (`RouteReason`)
+    uncached_tokens: int = 0  # what the decode pod would compute, as the router estimated it
 
     @property
     def ttft(self) -> float | None:
@@ -328,7 +364,6 @@ class ClusterSim:
         profile: EngineProfile,
         trace: Sequence[TraceRequest],
         *,
-        affinity: PrefixAffinityConfig | None = None,
         horizon: float = 0.0,
         progress: Progress | None = None,
         progress_every: float = 60.0,
@@ -342,19 +377,13 @@ class ClusterSim:
         self.scenario = scenario
         self.profile = profile
         self.trace = sorted(trace, key=lambda r: r.arrival)
-        self.affinity = affinity or PrefixAffinityConfig()
-        self.affinity_tokens = self.affinity.block_tokens * self.affinity.blocks
         self.horizon = horizon  # keep the autoscaler ticking at least this long (to watch a pool shrink)
         self.progress = progress
         self.progress_every = progress_every
         self.decode_runs = decode_runs
         self.steps_in_runs = 0  # engine steps timed in decode runs (the rest one at a time)
-        self.pods = PodSet(
-            load_factor=self.affinity.load_factor_percent / 100,
-            virtual_nodes=self.affinity.virtual_nodes,
-            min_load_bound=self.affinity.min_load_bound,
-        )
-        self.counter = EstimateCounter()
+        self.router = SimRouter(scenario.router_config())
+        self.pods = self.router.pods
         self.threshold = scenario.threshold_tokens
         self.prefill_samples = SampleWindow()
         self.itl_samples = SampleWindow()
@@ -380,12 +409,9 @@ class ClusterSim:
         if decode_chunk is None and scenario.chunk_itl_seconds is not None:
             decode_chunk = chunk_for_itl(profile, scenario.chunk_itl_seconds)
         self.profiles: dict[EngineRole, EngineProfile] = {
-            "prefill": self._tuned(scenario.prefill_chunk_tokens),
-            "decode": self._tuned(decode_chunk),
+            "prefill": self._tuned(scenario.prefill_chunk_tokens, scenario.prefill_max_num_seqs),
+            "decode": self._tuned(decode_chunk, scenario.decode_max_num_seqs),
         }
-        if scenario.threshold_from_chunk:
-            self.threshold = self.profiles["decode"].max_num_batched_tokens
-            self.thresholds = [(0.0, self.threshold)]
         # per GPU; a replica's link carries this times its tensor-parallel ranks
         self.kv_link_bytes_per_s = kv_link_bytes_per_s or profile.hardware.kv_link_bytes_per_s
         if self.kv_link_bytes_per_s != profile.hardware.kv_link_bytes_per_s:  # LMCache p2p reads over it too
@@ -423,21 +449,12 @@ class ClusterSim:
         self._busy_seen: dict[str, float] = {}
         self._direct_ttfts: list[tuple[float, float]] = []  # the router's TTFT of direct requests
         self._arrivals: dict[str, list[tuple[float, float]]] = {"prefill": [], "direct": []}  # time, work
-        # the router's estimates for cost-aware routing: prefill work waiting per pod, prefixes per pod
-        self._routing_model = (
-            from_profile(self.profile) if scenario.cost_aware or scenario.longest_prefix else None
-        )
-        self._pending: dict[str, float] = {}
-        self._pending_by_leg: dict[str, tuple[str, float]] = {}
-        # a pod holds what its GPU cache holds, and with LMCache what its CPU tier holds
-        cpu_tokens = self._lmcache.cpu_capacity_chunks * CHUNK_TOKENS if self._lmcache else 0
-        self._prefixes = PrefixIndex(
-            max(1, (profile.kv_capacity_tokens + cpu_tokens) // MOONCAKE_BLOCK_TOKENS)
-        )
-        self.route_reasons: dict[str, int] = {}
-        self._rotation = 0
+        self.route_reasons = self.router.reasons
 
-    def _tuned(self, chunk_tokens: int | None) -> EngineProfile:
+    def _tuned(self, chunk_tokens: int | None, max_num_seqs: int | None = None) -> EngineProfile:
+        if max_num_seqs is not None:
+            chunk = chunk_tokens or self.profile.max_num_batched_tokens
+            return self.profile.with_overrides(max_num_batched_tokens=chunk, max_num_seqs=max_num_seqs)
         if chunk_tokens is None or chunk_tokens == self.profile.max_num_batched_tokens:
             return self.profile
         # vLLM refuses max_num_batched_tokens < max_num_seqs, so the operator caps the batch at a smaller
@@ -540,17 +557,12 @@ class ClusterSim:
             return
         self.in_flight += 1
         prompt = _prompt_work(request, record.index)
-        affinity = self._affinity(prompt) if self.scenario.prefix_affinity else None
-        chosen: Pod | None = None
-        keys: list[int] = []
-        uncached = record.prompt_tokens
-        if self._routing_model is not None:
-            route, chosen, keys, uncached = self._route_by_cost(record, request, affinity)
-        else:
-            route = choose_route(
-                self.scenario.policy, record.prompt_tokens, self.threshold, self.pods.has_available("prefill")
-            )
-        record.route = route.value
+        router = self.router
+        decision = router.decide(record.prompt_tokens, prompt.block_keys(router), now, self.threshold)
+        route = decision.route
+        record.route, record.reason = route.value, decision.reason.value
+        record.uncached_tokens = decision.uncached_tokens
+        record.decode_pod = decision.decode.name if decision.decode is not None else None
         if self._capacity is not None:
             counts = self._routed["direct" if route is Route.DIRECT else "prefill"]
             counts[0] += 1
@@ -558,40 +570,16 @@ class ClusterSim:
             work = self._capacity.prefill_seconds(record.prompt_tokens)
             counts[2] += work
             self._arrivals["direct" if route is Route.DIRECT else "prefill"].append((now, work))
+        request_id = f"r{record.index}"
         if route is Route.DISAGGREGATED:
-            if self._routing_model is not None:
-                pod = min(self.pods.available("prefill", now), key=lambda p: self._pending.get(p.name, 0.0))
-            else:
-                pod = self._pick("prefill", affinity)
-            replica = self.by_engine[pod.name]
+            pod = decision.prefill
+            assert pod is not None
             record.prefill_pod = pod.name
-            if self._routing_model is not None:
-                self._expect(f"r{record.index}", pod.name, record.prompt_tokens)
-            self._send(
-                replica, record, self._engine_request(f"r{record.index}", prompt, 1, remote_decode=True)
-            )
+            router.prefill_sent(pod, request_id, decision.prefill_tokens, now)
+            request_ = self._engine_request(request_id, prompt, 1, remote_decode=True)
+            self._send(self.by_engine[pod.name], record, request_)
             return
-        if chosen is not None:
-            record.decode_pod = chosen.name
-            self._prefixes.sent(chosen.name, keys)
-            self._expect(f"r{record.index}", chosen.name, uncached)
-            self._send(
-                self.by_engine[chosen.name],
-                record,
-                self._engine_request(f"r{record.index}", prompt, record.output_tokens),
-            )
-            return
-        self._send_decode(
-            record, self._engine_request(f"r{record.index}", prompt, record.output_tokens), affinity
-        )
-
-    def _affinity(self, work: _PromptWork) -> int | None:
-        """The router's affinity key of the prompt (its first tokens), as the router computes it."""
-        tokens = self.affinity_tokens
-        if tokens not in work.affinity:
-            prompt = Prompt(texts=(), token_ids=(tuple(work.ids[:tokens]),), message_count=0, stream=True)
-            work.affinity[tokens] = self.counter.affinity_key(prompt, tokens)
-        return work.affinity[tokens]
+        self._send_decode(record, self._engine_request(request_id, prompt, record.output_tokens), route)
 
     @staticmethod
     def _engine_request(
@@ -611,100 +599,11 @@ class ClusterSim:
             chunk_hashes=work.chunk_hashes(),
         )
 
-    def _expect(self, leg: str, pod: str, tokens: int) -> None:
-        """The router counts the prefill work it sent a pod until that pod's first token for it."""
-        assert self._routing_model is not None
-        work = self._routing_model.prefill_seconds(max(1, tokens))
-        self._pending[pod] = self._pending.get(pod, 0.0) + work
-        self._pending_by_leg[f"{pod}/{leg}"] = (pod, work)
-
-    def _prefilled(self, replica: Replica, request_id: str) -> None:
-        entry = self._pending_by_leg.pop(f"{replica.name}/{request_id}", None)
-        if entry is not None:
-            self._pending[entry[0]] -= entry[1]
-
-    def _route_by_cost(
-        self, record: RequestRecord, request: TraceRequest, affinity: int | None
-    ) -> tuple[Route, Pod, list[int], int]:
-        """Pick the decode pod first (longest cached prefix under the load bound, or the usual pick), then
-        the route from its uncached tokens and both pools' queues."""
-        model = self._routing_model
-        assert model is not None
-        now = self.now
-        keys = chained_keys(request.block_ids)
-        prompt = record.prompt_tokens
-        # with LMCache p2p a prefix any pod holds is fetched over the KV link (the controller's lookup)
-        anywhere = (
-            max((self._prefixes.cached_blocks(r.name, keys) for r in self._members("decode")), default=0)
-            if self._peers is not None
-            else 0
-        )
-
-        def cost(pod: Pod) -> tuple[int, float]:
-            """Tokens the pod would compute for this prompt, and its seconds on them and on the fetch."""
-            local = self._prefixes.cached_blocks(pod.name, keys)
-            fetched = max(0, anywhere - local) * MOONCAKE_BLOCK_TOKENS
-            cached = min(local * MOONCAKE_BLOCK_TOKENS + fetched, prompt - 1)
-            fetched = min(fetched, cached)
-            seconds = model.idle_prefill_seconds(prompt - cached) + timing.kv_transfer_time(
-                self.profile, fetched, self.kv_link_bytes_per_s
-            )
-            return prompt - cached, seconds
-
-        if self.scenario.longest_prefix:
-            candidates = self.pods.available("decode", now)
-            total = sum(p.outstanding for p in candidates)
-            bound = max(
-                math.ceil(self.pods.load_factor * (total + 1) / max(1, len(candidates))),
-                self.pods.min_load_bound,
-            )
-            under = [p for p in candidates if p.outstanding < bound] or candidates
-
-            # the pod where this prompt would start soonest: the prefill work already sent there plus this
-            # prompt's uncached part on it (a shared system prompt saves little, a long shared prefix much);
-            # rotate among exact ties, as PodSet.pick does
-            def start_after(pod: Pod) -> float:
-                return self._pending.get(pod.name, 0.0) + cost(pod)[1]
-
-            self._rotation += 1
-            scored = [(round(start_after(p), 6), p.outstanding, p) for p in under]
-            best = min((t, o) for t, o, _ in scored)
-            tied = [p for t, o, p in scored if (t, o) == best]
-            chosen = tied[self._rotation % len(tied)]
-        else:
-            chosen = self._pick("decode", affinity)
-        uncached, prefill_seconds = cost(chosen)
-        prefill_pods = self.pods.available("prefill", now)
-        # the prompt's KV from the prefill pod to the decode pod, over this pool's link, behind the KV the
-        # router already sent over that pod's link and that has not landed yet
-        transfer = timing.kv_transfer_time(self.profile, prompt, self.kv_link_bytes_per_s)
-        if prefill_pods and transfer > 0:
-            first = min(prefill_pods, key=lambda p: self._pending.get(p.name, 0.0))
-            backlog = self.network.backlog(f"send:{first.name}", now)
-            transfer += backlog / (self.kv_link_bytes_per_s * self.profile.tensor_parallel)
-        costs = RouteCosts(
-            uncached_tokens=uncached,
-            prefill_seconds=prefill_seconds,
-            prefill_queue_seconds=min((self._pending.get(p.name, 0.0) for p in prefill_pods), default=0.0),
-            decode_queue_seconds=self._pending.get(chosen.name, 0.0),
-            transfer_seconds=transfer,
-            ttft_target_seconds=self.scenario.cost_ttft_target_seconds,
-        )
-        route, reason = choose_route_by_cost(
-            self.scenario.policy, costs, self.threshold, bool(prefill_pods), record.prompt_tokens
-        )
-        self.route_reasons[reason.value] = self.route_reasons.get(reason.value, 0) + 1
-        return route, chosen, keys, uncached
-
-    def _pick(self, role: EngineRole, affinity: int | None) -> Pod:
-        pod = self.pods.pick(role, self.now, affinity)
-        if pod is None:
-            raise AssertionError(f"no {role} pod takes requests at {self.now:.3f}s")
-        return pod
-
-    def _send_decode(self, record: RequestRecord, request: EngineRequest, affinity: int | None) -> None:
-        pod = self._pick("decode", affinity)
+    def _send_decode(self, record: RequestRecord, request: EngineRequest, route: Route) -> None:
+        """The decode leg, to the pod the router chose while it takes requests (`SimRouter.decode_pod`)."""
+        pod = self.router.decode_pod(record.decode_pod, self.now)
         record.decode_pod = pod.name
+        self.router.decode_sent(pod, request.request_id, route, record.uncached_tokens, self.now)
         self._send(self.by_engine[pod.name], record, request)
 
     def _send(self, replica: Replica, record: RequestRecord, request: EngineRequest) -> None:
@@ -722,6 +621,7 @@ class ClusterSim:
         started = replica.engine_arrival.pop(request_id)
         replica.legs.pop(request_id)
         self.pods.pods[replica.name].outstanding -= 1
+        self.router.prefill_answered(replica.name, request_id, now)
         self.prefill_samples.add(now - started)
         hold = event.kv_hold
         assert hold is not None, "a NIXL prefill leg always ends holding its KV"
@@ -735,15 +635,11 @@ class ClusterSim:
             tp_size=self.profile.tensor_parallel,
         )
         work = _prompt_work(request, record.index)
-        # The KV arrives from the prefill pod, so the decode pod's own prefix cache does not matter (as the
-        # router does: no affinity for the decode leg of a disaggregated request).
         self._send_decode(
             record,
             self._engine_request(request_id, work, record.output_tokens, remote_prefill=remote),
-            None,
+            Route.DISAGGREGATED,
         )
-        if self._routing_model is not None and record.decode_pod is not None:
-            self._prefixes.sent(record.decode_pod, chained_keys(request.block_ids))
 
     # ----- engines -----
 
@@ -935,8 +831,7 @@ class ClusterSim:
         record = replica.legs[request_id]
         if event.index == 0:
             replica.ttft.observe(now - replica.engine_arrival[request_id])
-            if self._routing_model is not None:
-                self._prefilled(replica, request_id)
+            self.router.first_token(replica.name, request_id, now)
         else:
             itl = now - replica.last_token[request_id]
             replica.itl.observe(itl)
@@ -979,6 +874,7 @@ class ClusterSim:
 
     def _failed(self, replica: Replica, failure: RequestFailed) -> None:
         record = replica.legs.pop(failure.request_id)
+        self.router.leg_failed(replica.name, failure.request_id)
         replica.engine_arrival.pop(failure.request_id, None)
         replica.last_token.pop(failure.request_id, None)
         self.pods.pods[replica.name].outstanding -= 1

@@ -1,12 +1,12 @@
-"""The standard comparison: the same trace and GPU budget through colocated, static P/D, LengthAware with a
-fixed and with an adaptive threshold, and LengthAware P/D with per-pool autoscaling (its GPU time varies).
+"""The standard comparison: the pool spec as deployed (`deployed`, with `--pool`: `sim/pool.py`) beside what a
+user would run instead, on the same trace and GPU budget: `colocated` (vLLM's defaults behind a load
+balancer), `colocated-tuned` (the chunk for the ITL target and the router's prefix-aware pod choice),
+`static-pd` (always disaggregate, at its best P:D split) and `static-peak` (the smallest static layout that
+holds the targets in every window, `search.static_sizes`).
 
-More scenarios on request: `colocated-tuned` (colocated engines with the decode pods' small prefill chunk,
-so the comparison with P/D is fair), `colocated-prefix` (colocated, each request to the pod holding its
-longest prefix under the load bound), `cost-aware` (LengthAware on the chosen decode pod's uncached tokens,
-with load-aware bypass both ways and longest-prefix pod choice), `planner` (LengthAware P/D sized by the
-SLA planner), and the searched static baselines `static-peak` and `static-min` (see `search.static_sizes`).
-`autoscaled` is the project's first rule (HPA on latency), kept for comparison."""
+More on request: `planner` and `autoscaled` (a LengthAware P/D pool from the budget's split, sized by the SLA
+planner or by the HPA-style latency rule) and `static-min`. Every scenario routes through the live router's
+scheduling core (`inferencepool.scheduling`)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from dataclasses import dataclass, replace
 
 from inferencepool.api.v1alpha1 import Autoscaling, LatencyTarget
 from inferencepool.autoscaler.planner import PlannerSettings, RoleBounds
-from inferencepool.engine_sim.profiles import EngineProfile
-from inferencepool.router.config import AdaptiveThresholdConfig
+from inferencepool.perf.profiles import EngineProfile
 from inferencepool.sim.cluster import (
     PlannerScaling,
     PoolAutoscaling,
@@ -29,15 +28,9 @@ from inferencepool.sim.report import Slo, Summary, summarize, with_ratios
 from inferencepool.sim.workload import TraceRequest
 
 BASELINE = "colocated"
-SCENARIO_NAMES = ("colocated", "static-pd", "length-aware", "adaptive", "autoscaled")
-EXTRA_SCENARIOS = (
-    "colocated-tuned",
-    "colocated-prefix",
-    "cost-aware",
-    "planner",
-    "static-peak",
-    "static-min",
-)
+DEPLOYED = "deployed"  # the pool spec given with --pool (`sim/pool.py`)
+SCENARIO_NAMES = ("colocated", "colocated-tuned", "static-pd", "static-peak")
+EXTRA_SCENARIOS = ("planner", "autoscaled", "static-min")
 SEARCHED = ("static-peak", "static-min")
 
 
@@ -46,8 +39,6 @@ class Budget:
     replicas: int  # engines in every static scenario (GPUs = replicas x tensor parallel)
     prefill_replicas: int  # of those, the prefill pool of the P/D scenarios (also where autoscaling starts)
     threshold_tokens: int = 4096
-    adaptive_min_tokens: int = 1024
-    adaptive_max_tokens: int = 16384
     max_replicas_per_pool: int | None = None  # autoscaling bound; defaults to `replicas`
     model_load_seconds: float = 120.0
     interval_seconds: int = 15
@@ -73,21 +64,13 @@ class Budget:
 
 
 def build_scenarios(budget: Budget, slo: Slo, names: Sequence[str] = SCENARIO_NAMES) -> list[Scenario]:
-    known = (*SCENARIO_NAMES, *EXTRA_SCENARIOS)
+    known = (*SCENARIO_NAMES, *EXTRA_SCENARIOS, DEPLOYED)
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    names = [n for n in names if n not in SEARCHED]  # built by the search (static_layout)
+    names = [n for n in names if n not in (*SEARCHED, DEPLOYED)]  # built by the search, and from the spec
     prefill, decode = budget.prefill_replicas, budget.replicas - budget.prefill_replicas
     ttft_ms, itl_ms = round(slo.ttft_seconds * 1000), round(slo.itl_seconds * 1000)
-    adaptive = AdaptiveThresholdConfig(
-        enabled=True,
-        min_tokens=budget.adaptive_min_tokens,
-        max_tokens=budget.adaptive_max_tokens,
-        ttft_target_milliseconds=ttft_ms,
-        itl_target_milliseconds=itl_ms,
-        percentile=budget.percentile,
-    )
     ceiling = budget.max_replicas_per_pool or budget.replicas
 
     def pool(target: LatencyTarget) -> Autoscaling:
@@ -142,7 +125,9 @@ def build_scenarios(budget: Budget, slo: Slo, names: Sequence[str] = SCENARIO_NA
         tuned_settings = replace(tuned_settings, recent_seconds=budget.planner_recent_seconds)
     planner = replace(planner, settings=tuned_settings)
     every = {
-        "colocated": Scenario("colocated", "Colocated", 0, budget.replicas),
+        # what a user runs without this project: vLLM's defaults behind a load balancer (no prefix affinity)
+        "colocated": Scenario("colocated", "Colocated", 0, budget.replicas, prefix_affinity=False),
+        # ... given the same care: the chunk for the ITL target and the router's prefix-aware pod choice
         "colocated-tuned": Scenario(
             "colocated-tuned",
             "Colocated",
@@ -151,35 +136,19 @@ def build_scenarios(budget: Budget, slo: Slo, names: Sequence[str] = SCENARIO_NA
             decode_chunk_tokens=budget.decode_chunk_tokens,
             chunk_itl_seconds=slo.itl_seconds,
         ),
+        # always disaggregate; `inferencepool sim` tries every P:D split of the budget and keeps the best
         "static-pd": tuned(Scenario("static-pd", "AlwaysDisaggregate", prefill, decode)),
-        "length-aware": tuned(Scenario("length-aware", "LengthAware", prefill, decode, threshold)),
-        "adaptive": tuned(Scenario("adaptive", "LengthAware", prefill, decode, threshold, adaptive=adaptive)),
+        # the old HPA-style rule (autoscaling.policy: Latency) and the SLA planner (policy: Planner) on a
+        # LengthAware P/D pool starting from the budget's split
         "autoscaled": tuned(
             Scenario("autoscaled", "LengthAware", prefill, decode, threshold, autoscaling=autoscaling)
         ),
         "planner": tuned(Scenario("planner", "LengthAware", prefill, decode, threshold, planner=planner)),
-        "colocated-prefix": Scenario(
-            "colocated-prefix",
-            "Colocated",
-            0,
-            budget.replicas,
-            decode_chunk_tokens=budget.decode_chunk_tokens,
-            chunk_itl_seconds=slo.itl_seconds,
-            longest_prefix=True,
-        ),
-        "cost-aware": tuned(
-            Scenario(
-                "cost-aware",
-                "LengthAware",
-                prefill,
-                decode,
-                threshold,
-                cost_aware=True,
-                longest_prefix=True,
-                cost_ttft_target_seconds=slo.ttft_seconds,
-                threshold_from_chunk=True,
-            )
-        ),
+    }
+    # the router's load-aware bypass weighs routes against the pool's targets, as the operator configures it
+    every = {
+        name: replace(scenario, ttft_target_seconds=slo.ttft_seconds, itl_target_seconds=slo.itl_seconds)
+        for name, scenario in every.items()
     }
     return [with_lmcache(budget, every[name]) for name in names]
 

@@ -18,12 +18,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from inferencepool.sim.cluster import REJECTED, RequestRecord, ScenarioResult
-
-if TYPE_CHECKING:
-    from inferencepool.sim.search import Goodput
 
 PERCENTILES = (50, 90, 99)
 
@@ -41,6 +38,28 @@ class Slo:
             and ttft <= self.ttft_seconds
             and record.mean_itl <= self.itl_seconds
         )
+
+
+@dataclass(frozen=True)
+class Probe:
+    speedup: float  # the trace replayed this many times faster
+    requests_per_second: float
+    attainment: float  # fraction of requests meeting both SLOs
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """DistServe goodput of one scenario, as `search.goodput` found it."""
+
+    scenario: str
+    gpus: int
+    speedup: float  # the fastest replay found to hold the target (0: none did)
+    requests_per_second: float
+    probes: tuple[Probe, ...]
+
+    @property
+    def per_gpu(self) -> float:
+        return self.requests_per_second / self.gpus if self.gpus else 0.0
 
 
 @dataclass(frozen=True)

@@ -18,30 +18,10 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from inferencepool.engine_sim.profiles import EngineProfile
+from inferencepool.perf.profiles import EngineProfile
 from inferencepool.sim.cluster import Scenario, ScenarioResult, simulate
-from inferencepool.sim.report import Slo
+from inferencepool.sim.report import Goodput, Probe, Slo
 from inferencepool.sim.workload import TraceRequest, shape
-
-
-@dataclass(frozen=True)
-class Probe:
-    speedup: float  # the trace replayed this many times faster
-    requests_per_second: float
-    attainment: float  # fraction of requests meeting both SLOs
-
-
-@dataclass(frozen=True)
-class Goodput:
-    scenario: str
-    gpus: int
-    speedup: float  # the fastest replay found to hold the target (0: none did)
-    requests_per_second: float
-    probes: tuple[Probe, ...]
-
-    @property
-    def per_gpu(self) -> float:
-        return self.requests_per_second / self.gpus if self.gpus else 0.0
 
 
 def attainment(result: ScenarioResult, slo: Slo) -> float:

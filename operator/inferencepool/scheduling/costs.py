@@ -1,5 +1,5 @@
-"""What a request would cost on each route, as the live router can estimate it (no I/O: the inputs
-are the endpoint table's live figures and the clock).
+"""What a request would cost on each route, as the router can estimate it (no I/O: the inputs are the
+endpoint table's live figures; the drivers time the legs).
 
 Prefill speed is learned, not configured: seconds per prompt token of prefill legs that found their pod
 idle (nothing of the router's queued there, the engine reporting nothing waiting), a running mean. A pod's
@@ -13,13 +13,26 @@ KV, then runs one step), per transferred token (the prompt less what the decode 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
-from inferencepool.router.pods import Pod
-from inferencepool.router.policy import RouteCosts
+from inferencepool.scheduling.endpoint import Endpoint
 
 _WEIGHT = 0.2  # a new sample's weight in the running means once a few were seen
+
+
+@dataclass(frozen=True, slots=True)
+class RouteCosts:
+    """What a request costs on each route, as the router estimates it (seconds)."""
+
+    uncached_tokens: int  # prompt tokens the chosen decode pod would compute (prompt minus its cached prefix)
+    prefill_seconds: float  # computing those tokens on an idle engine
+    prefill_queue_seconds: float  # prefill work already waiting on the least loaded prefill pod
+    decode_queue_seconds: float  # prefill work already waiting on the chosen decode pod
+    transfer_seconds: float  # moving the prompt's KV from a prefill pod to the decode pod
+    ttft_target_seconds: float | None = None  # None: no load-aware bypass
+    # whether the decode pod can prefill this prompt without stalling the decodes it runs past their ITL
+    # target (nothing running there, or a prefill shorter than the target); False: no bypass onto it
+    decode_has_room: bool = True
 
 
 @dataclass(slots=True)
@@ -57,7 +70,7 @@ class PrefillSpeed:
         weight = max(_WEIGHT, 1.0 / self.transfers)
         self.transfer_seconds_per_token += (seconds / tokens - self.transfer_seconds_per_token) * weight
 
-    def queue_tokens(self, pod: Pod) -> float:
+    def queue_tokens(self, pod: Endpoint) -> float:
         waiting = pod.engine_waiting * self.mean_prompt_tokens
         return max(float(pod.queued_tokens), waiting)
 
@@ -65,8 +78,8 @@ class PrefillSpeed:
 def route_costs(
     speed: PrefillSpeed,
     uncached_tokens: int,
-    prefill_pod: Pod | None,
-    decode_pod: Pod | None,
+    prefill_pod: Endpoint | None,
+    decode_pod: Endpoint | None,
     ttft_target_seconds: float,
     itl_target_seconds: float,
 ) -> RouteCosts:
@@ -86,18 +99,3 @@ def route_costs(
         ttft_target_seconds=ttft_target_seconds,
         decode_has_room=decode_pod is None or decode_pod.load == 0 or prefill_seconds <= itl_target_seconds,
     )
-
-
-class TransferClock:
-    """Times one disaggregated request's decode leg to its first token (`first_token`, called by the
-    relay)."""
-
-    __slots__ = ("speed", "started", "tokens")
-
-    def __init__(self, speed: PrefillSpeed, tokens: int) -> None:
-        self.speed = speed
-        self.tokens = tokens
-        self.started = time.monotonic()
-
-    def first_token(self) -> None:
-        self.speed.observe_transfer(time.monotonic() - self.started, self.tokens)

@@ -1,41 +1,21 @@
-"""Which pod holds which prefix, as the router estimates it, and the pod choice on it (pure, no I/O).
+"""Which pod holds which prefix, as the router estimates it (pure, no I/O).
 
 The router cannot see engines' caches; it remembers what it sent where. Each prompt is a chain of block
 keys (a block's key depends on every block before it, as vLLM's and LMCache's chained hashes do), and each
 pod keeps the most recent keys up to a bound, least recently used first out. A pod's cached prefix of a
 prompt is the run of leading keys it holds.
 
-Pod choice (`choose`): among the pods under the load bound (consistent hashing with bounded loads: a pod
-is eligible while its load is below max(ceil(load_factor x (total + 1) / pods), min_load_bound)), the one
-holding the longest prefix of the prompt, if that prefix is at least `anchor_blocks` long; else, and among
-equals, the rendezvous (highest random weight) winner for the prompt's anchor key, the key of its first
-`anchor_blocks` blocks. Requests sharing only a short system prompt have different anchors and spread;
-requests sharing a long prefix have the same anchor and land together. Nothing in the choice depends on
-the replica's own history but the index, and the index only ever records what the same deterministic
-choice made: two router replicas over the same pods at similar load pick the same pod for the same prefix.
+The pod choice on it is scorers.py (the longest prefix, rendezvous among equals) after filters.py (the load
+bound).
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 _MASK = (1 << 64) - 1
-
-
-def chained_keys(blocks: Sequence[int]) -> list[int]:
-    """One key per block id, each a hash of the block and every block before it (the simulator's trace
-    blocks; Python's hash of ints and tuples is the same in every process)."""
-    keys: list[int] = []
-    previous = 0
-    for block in blocks:
-        previous = hash((previous, block))
-        keys.append(previous)
-    return keys
 
 
 def prompt_keys(data: bytes, block_bytes: int, max_blocks: int) -> list[int]:
@@ -107,54 +87,3 @@ class PrefixIndex:
     def size(self) -> int:
         """Keys held over all pods (what bounds the index's memory)."""
         return sum(len(held) for held in self._pods.values())
-
-
-class Candidate(Protocol):
-    """What the choice reads of a pod."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def load(self) -> int: ...
-
-    @property
-    def seed(self) -> int: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Choice:
-    pod: str
-    cached_blocks: int  # the chosen pod's cached prefix of the prompt, in blocks (as the index estimates it)
-
-
-def load_bound(loads: Sequence[int], load_factor: float, min_load_bound: int) -> int:
-    """A pod below this load may take one more request (bounded loads, with a floor)."""
-    return max(math.ceil(load_factor * (sum(loads) + 1) / max(1, len(loads))), min_load_bound)
-
-
-def choose(
-    candidates: Sequence[Candidate],
-    keys: Sequence[int],
-    index: PrefixIndex,
-    anchor_blocks: int,
-    load_factor: float,
-    min_load_bound: int,
-) -> Choice | None:
-    """The pod for a prompt with these chained keys (see the module's docstring), or None without keys
-    (nothing to be affine to: the caller picks by load)."""
-    if not keys or not candidates:
-        return None
-    bound = load_bound([c.load for c in candidates], load_factor, min_load_bound)
-    eligible = [c for c in candidates if c.load < bound] or list(candidates)
-    anchor = keys[min(anchor_blocks, len(keys)) - 1]
-    best: Candidate | None = None
-    best_rank = (-1, -1)
-    best_cached = 0
-    for pod in eligible:
-        cached = index.cached_blocks(pod.name, keys)
-        rank = (cached if cached >= anchor_blocks else 0, rendezvous(anchor, pod.seed))
-        if rank > best_rank:
-            best, best_rank, best_cached = pod, rank, cached
-    assert best is not None
-    return Choice(best.name, best_cached)

@@ -38,6 +38,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from inferencepool.perf.models import DEMO_MODEL, LLAMA_31_8B, LLAMA_31_70B, ModelShape
+
 GB = 1e9
 GIB = float(1 << 30)
 
@@ -50,31 +52,6 @@ class Hardware:
     bf16_flops: float
     kv_link_bytes_per_s: float  # per GPU, the RDMA NIC NIXL and LMCache p2p read through
     host_link_bytes_per_s: float  # per GPU, host memory <-> GPU (LMCache CPU tier)
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    name: str
-    params: float
-    layers: int
-    hidden: int
-    kv_heads: int
-    head_dim: int
-    max_position: int
-    bytes_per_param: int = 2
-
-    @property
-    def weight_bytes(self) -> float:
-        return self.params * self.bytes_per_param
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_param
-
-    @property
-    def attention_flops_per_pair(self) -> float:
-        """FLOPs of QK^T and AV for one (query, key) pair over all layers: 2 matmuls x 2 FLOPs x hidden."""
-        return 4.0 * self.layers * self.hidden
 
 
 @dataclass(frozen=True)
@@ -187,34 +164,6 @@ DEMO_DEVICE = Hardware(
     bf16_flops=16e12,
     kv_link_bytes_per_s=4 * GB,
     host_link_bytes_per_s=2 * GB,
-)
-
-LLAMA_31_8B = ModelShape(
-    name="meta-llama/Llama-3.1-8B-Instruct",
-    params=8.03e9,
-    layers=32,
-    hidden=4096,
-    kv_heads=8,
-    head_dim=128,
-    max_position=131072,
-)
-LLAMA_31_70B = ModelShape(
-    name="meta-llama/Llama-3.1-70B-Instruct",
-    params=70.6e9,
-    layers=80,
-    hidden=8192,
-    kv_heads=8,
-    head_dim=128,
-    max_position=131072,
-)
-DEMO_MODEL = ModelShape(
-    name="demo/tiny-0.6b",
-    params=0.6e9,
-    layers=16,
-    hidden=1024,
-    kv_heads=4,
-    head_dim=64,
-    max_position=32768,
 )
 
 PROFILES: dict[str, EngineProfile] = {

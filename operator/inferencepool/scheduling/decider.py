@@ -1,0 +1,82 @@
+"""The disaggregation decider: route prompts over N uncached tokens through the prefill pool.
+
+N is the pool's prefill threshold (`spec.router.prefillThresholdTokens`, moved by the adaptive threshold
+when that is on), and the tokens are the uncached ones: the prompt less the prefix the chosen decode pod
+already holds (llm-d's `prefix_based_pd_decider`: `nonCachedTokens = inputTokens - hitPrefixTokens`).
+Around that rule, a load-aware bypass both ways, from the route costs (`costs.py`):
+
+- a long prompt is prefilled on its decode pod when the prefill pool is so busy that its TTFT estimate
+  (queue + prefill + transfer) misses the target while the decode pod's (queue + prefill) would not, and the
+  decode pod has room for it (`decode_has_room`);
+- a shorter prompt goes through the prefill pool when the decode pod's queue would make it miss the target
+  and the prefill pool would not, or when the prefill pod has nothing queued and the decode pod has (prefill
+  chunks on a decode pod stall its running decodes; an idle prefill pod does the work for the price of a
+  transfer). Both only for prompts of at least a quarter of the threshold: a transfer never pays for a
+  handful of tokens.
+
+Policy Colocated never disaggregates, AlwaysDisaggregate always does when it can.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from inferencepool.api.v1alpha1 import RoutingPolicy
+from inferencepool.scheduling.costs import RouteCosts
+
+
+class Route(StrEnum):
+    DIRECT = "direct"
+    """A decode pod prefills the prompt itself (short prompt, or Colocated policy)."""
+    DISAGGREGATED = "disaggregated"
+    """Prefill pod computes the KV cache, the decode pod fetches it and generates."""
+    FALLBACK = "fallback"
+    """Meant for the prefill pool, served colocated because no prefill pod could take it (none ready, none
+    whose KV the decode pod can load) or the prefill leg failed."""
+
+
+class RouteReason(StrEnum):
+    """Why a request took its route (the `disaggregation decisions` reasons)."""
+
+    POLICY = "policy"  # Colocated or AlwaysDisaggregate decided alone
+    SHORT = "short"  # fewer prompt tokens than the threshold
+    CACHED = "cached"  # long, but the chosen decode pod holds enough of its prefix
+    LONG = "long"  # enough uncached tokens to pay for the transfer
+    PREFILL_BUSY = "prefill_busy"  # the prefill pool's queue would miss the TTFT target, the decode pod not
+    DECODE_BUSY = "decode_busy"  # the decode pod's prefill queue would miss it, the prefill pool not
+    PREFILL_IDLE = "prefill_idle"  # a medium prompt goes to an idle prefill pod, sparing the decodes' ITL
+    NO_PREFILL_POD = "no_prefill_pod"  # no prefill pod is ready
+    KV_INCOMPATIBLE = "kv_incompatible"  # prefill pods are ready, none with the decode pod's KV-compat label
+
+
+def decide(
+    policy: RoutingPolicy,
+    costs: RouteCosts,
+    threshold_tokens: int,
+    prefill_ready: bool,
+    prompt_tokens: int,
+    no_prefill: RouteReason = RouteReason.NO_PREFILL_POD,
+) -> tuple[Route, RouteReason]:
+    """The route and why (see the module's docstring). `prefill_ready`: a prefill pod can take the request;
+    when none can, `no_prefill` says why."""
+    if policy == "Colocated":
+        return Route.DIRECT, RouteReason.POLICY
+    if policy == "AlwaysDisaggregate":
+        if not prefill_ready:
+            return Route.FALLBACK, no_prefill
+        return Route.DISAGGREGATED, RouteReason.POLICY
+    target = costs.ttft_target_seconds
+    direct = costs.decode_queue_seconds + costs.prefill_seconds
+    disaggregated = costs.prefill_queue_seconds + costs.prefill_seconds + costs.transfer_seconds
+    if costs.uncached_tokens < threshold_tokens:
+        medium = prefill_ready and costs.uncached_tokens * 4 >= threshold_tokens
+        if medium and target is not None and direct > target >= disaggregated:
+            return Route.DISAGGREGATED, RouteReason.DECODE_BUSY
+        if medium and costs.prefill_queue_seconds <= 0 < costs.decode_queue_seconds:
+            return Route.DISAGGREGATED, RouteReason.PREFILL_IDLE
+        return Route.DIRECT, RouteReason.CACHED if prompt_tokens >= threshold_tokens else RouteReason.SHORT
+    if not prefill_ready:
+        return Route.FALLBACK, no_prefill
+    if target is not None and disaggregated > target >= direct and costs.decode_has_room:
+        return Route.DIRECT, RouteReason.PREFILL_BUSY
+    return Route.DISAGGREGATED, RouteReason.LONG

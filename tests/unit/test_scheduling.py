@@ -1,0 +1,70 @@
+"""The scheduling core's pieces the router and the simulator share: the KV-compatibility filter and its
+reason, the discovery of the label it reads, and the one bounded-load rule."""
+
+from __future__ import annotations
+
+from inferencepool.api import labels
+from inferencepool.router.discovery import pod_spec_from_object
+from inferencepool.router.pods import PodSet, PodSpec
+from inferencepool.scheduling.decider import Route, RouteReason
+from inferencepool.scheduling.filters import load_bound, under_load_bound
+from inferencepool.scheduling.prefix import prompt_keys
+from inferencepool.scheduling.scheduler import Scheduler, SchedulerConfig
+
+CONFIG = SchedulerConfig("LengthAware", 1.0, 0.05, block_tokens=8)
+PROMPT = prompt_keys(b"x" * 800, 8, 1024)  # 100 blocks
+
+
+def pods(*specs: tuple[str, str, str | None]) -> PodSet:
+    found = PodSet()
+    found.apply(PodSpec(name, f"http://{name}:1", role, kv_compat=compat) for name, role, compat in specs)  # type: ignore[arg-type]
+    return found
+
+
+def test_a_prefill_pod_pairs_only_with_a_decode_pod_of_its_kv_compat_label() -> None:
+    view = pods(("p-old", "prefill", "v1"), ("p-new", "prefill", "v2"), ("d", "decode", "v2"))
+    decision = Scheduler(CONFIG).schedule(800, PROMPT, view, 0.0, 100)
+    assert (decision.route, decision.reason) == (Route.DISAGGREGATED, RouteReason.LONG)
+    assert decision.prefill is view.pods["p-new"] and decision.decode is view.pods["d"]
+
+
+def test_without_a_compatible_prefill_pod_the_decode_pod_serves_it_with_its_own_reason() -> None:
+    view = pods(("p", "prefill", "v1"), ("d", "decode", "v2"))
+    decision = Scheduler(CONFIG).schedule(800, PROMPT, view, 0.0, 100)
+    assert (decision.route, decision.reason) == (Route.FALLBACK, RouteReason.KV_INCOMPATIBLE)
+    assert decision.decode is view.pods["d"] and decision.prefill is None
+    # with no prefill pod at all the reason says so
+    alone = pods(("d", "decode", "v2"))
+    assert Scheduler(CONFIG).schedule(800, PROMPT, alone, 0.0, 100).reason is RouteReason.NO_PREFILL_POD
+    # unlabelled pods (static backends) pair with each other
+    plain = pods(("p", "prefill", None), ("d", "decode", None))
+    assert Scheduler(CONFIG).schedule(800, PROMPT, plain, 0.0, 100).route is Route.DISAGGREGATED
+
+
+def test_discovery_reads_the_kv_compat_label_into_the_pod_view() -> None:
+    pod = {
+        "metadata": {"name": "e-0", "labels": {labels.LABEL_ROLE: "decode", labels.LABEL_KV_COMPAT: "abc"}},
+        "status": {
+            "podIP": "10.0.0.1",
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+        "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 8000}]}]},
+    }
+    spec = pod_spec_from_object(pod)
+    assert spec is not None and spec.kv_compat == "abc"
+    view = PodSet()
+    view.apply([spec])
+    assert view.pods["e-0"].kv_compat == "abc"
+    view.apply([PodSpec("e-0", spec.url, "decode", kv_compat="def")])  # relabelled: a new pod
+    assert view.pods["e-0"].kv_compat == "def"
+
+
+def test_the_bounded_load_rule_is_one_rule_for_the_ring_and_the_prefix_choice() -> None:
+    view = pods(*((f"d{i}", "decode", None) for i in range(4)))
+    for i, pod in enumerate(view.pods.values()):
+        pod.outstanding = 3 * i  # 0, 3, 6, 9: total 18
+    bound = load_bound([pod.load for pod in view.pods.values()], 1.25, 4)
+    assert bound == 6  # ceil(1.25 x 19 / 4)
+    assert {pod.name for pod in under_load_bound(list(view.pods.values()), 1.25, 4)} == {"d0", "d1"}
+    assert view.pick("decode", 0.0, affinity_key=12345).name in {"d0", "d1"}  # type: ignore[union-attr]
