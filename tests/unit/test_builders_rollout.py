@@ -17,6 +17,7 @@ from inferencepool.builders.common import PoolRef
 from inferencepool.builders.engine import engine_statefulset, vllm_args
 from inferencepool.builders.kvcompat import kv_compat_hash
 from inferencepool.builders.rollout import PodView, RoleStep, RoleView, RolloutPlan, plan_rollout
+from inferencepool.controller.rollout import rollout_events
 
 
 def pool(**overrides: Any) -> InferencePool:
@@ -330,3 +331,23 @@ def test_placement_is_off_by_default_and_names_a_label_key() -> None:
     assert "affinity" not in template["spec"]
     with pytest.raises(ValueError, match=r"topology_key|topologyKey"):
         pool(placement={"topologyKey": "not a label key"})
+
+
+# --- what a user hears
+
+
+def test_events_mark_the_start_each_move_and_the_end() -> None:
+    spec = _budget_pool(5)  # room for decode's surge only
+    old = {r: RoleView(2, (PodView(0, "old", True, "r1"), PodView(1, "old", True, "r1"))) for r in POOL_ROLES}
+    start = plan_rollout(spec, "new", old)
+    reasons = [(e.reason, e.type) for e in rollout_events(None, start, "r2")]
+    assert reasons == [("RolloutStarted", "Normal"), ("RolloutInPlace", "Warning")]
+    started = rollout_events(None, start, "r2")[0].message
+    assert "(model revision r1 -> r2)" in started and "kv-compat old -> new" in started
+    assert "gpuBudget" in rollout_events(None, start, "r2")[1].message
+    assert rollout_events(start, start, "r2") == []  # nothing moved
+    moved = plan_rollout(
+        spec, "new", {**old, "decode": RoleView(2, (*old["decode"].pods, PodView(2, "new", True)), 2)}
+    )
+    assert [e.reason for e in rollout_events(start, moved, "r2")] == ["RolloutProgressing"]
+    assert [e.reason for e in rollout_events(moved, RolloutPlan("new"), "r2")] == ["RolloutComplete"]
