@@ -156,10 +156,11 @@ class PoolObserver:
         record_status(self.context.metrics, meta.get("namespace", ""), meta.get("name", ""), document)
         # Status written by an earlier operator under the autoscaler's manager is taken over once (see below).
         legacy = labels.AUTOSCALER_FIELD_MANAGER in status_managers(self.body)
-        # a rollout that ended is removed from the status (a write without it drops the field)
-        legacy = legacy or ("rollout" in (self.body.get("status") or {}) and "rollout" not in document)
+        # a rollout that ended leaves the status (a write without it drops the field), which status_differs,
+        # blind to fields a document omits, cannot see
+        ended = "rollout" in (self.body.get("status") or {}) and "rollout" not in document
         if document == self.memory.written or (
-            not legacy and not status_differs(self.body.get("status"), document)
+            not legacy and not ended and not status_differs(self.body.get("status"), document)
         ):
             return True
         try:
