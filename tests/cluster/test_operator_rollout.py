@@ -256,6 +256,9 @@ def test_a_change_that_keeps_kv_valid_restarts_no_engine(
     cluster: TestCluster, admin_kube: Kube, namespace: str, serving: str
 ) -> None:
     uids = {p["metadata"]["uid"] for r in ("prefill", "decode") for p in pods(admin_kube, namespace, r)}
+    router_generation = (admin_kube.get("apps/v1", "Deployment", namespace, f"{POOL}-router") or {})[
+        "metadata"
+    ]["generation"]
     before = kv_compat_hash(InferencePool.model_validate(pool_document(namespace, "r1")))
     # the router's threshold, and autoscaling targets (bounds that pin the counts: nothing scales)
     pinned = {"minReplicas": REPLICAS, "maxReplicas": REPLICAS}
@@ -281,9 +284,13 @@ def test_a_change_that_keeps_kv_valid_restarts_no_engine(
 
     def router_rolled() -> bool:
         deployment = admin_kube.get("apps/v1", "Deployment", namespace, f"{POOL}-router") or {}
-        args = json.dumps(deployment.get("spec", {}).get("template", {}))
         status = deployment.get("status") or {}
-        return "2048" in args and status.get("updatedReplicas") == status.get("replicas") == 1
+        generation = deployment["metadata"]["generation"]
+        return (
+            generation > router_generation  # its config changed, and with it the template's checksum
+            and status.get("observedGeneration") == generation
+            and status.get("updatedReplicas") == status.get("readyReplicas") == status.get("replicas") == 1
+        )
 
     eventually(router_rolled, 120, "the router rolled to the new threshold")
     time.sleep(3)  # anything the operator would do to the engines has been applied by now
