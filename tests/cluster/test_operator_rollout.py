@@ -224,7 +224,16 @@ def test_a_model_revision_upgrade_under_load_fails_no_request_and_never_crosses_
             and all(map(is_ready, engine_pods))
         )
 
-    eventually(rolled_out, 300, "both pools rolled out to r2")
+    try:
+        eventually(rolled_out, 300, "both pools rolled out to r2")
+    except AssertionError as error:
+        state = {
+            role: [(p["metadata"]["name"], p["metadata"]["labels"].get(labels.LABEL_KV_COMPAT), is_ready(p))
+                   for p in pods(admin_kube, namespace, role)]
+            for role in ("prefill", "decode")
+        }  # fmt: skip
+        status = (get_pool(admin_kube, namespace, POOL) or {}).get("status")
+        raise AssertionError(f"{error}; pods {state}; Progressing {progressing}; status {status}") from error
     seconds = time.monotonic() - began
     time.sleep(3)  # load on the new pods alone
     load.stop.set()
