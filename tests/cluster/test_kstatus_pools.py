@@ -79,6 +79,20 @@ def test_kstatus_waits_for_a_rollout_of_a_serving_pool(kstatus: Path) -> None:
     assert status == "InProgress", message
 
 
+def test_kstatus_waits_for_a_revision_rollout_and_then_reads_current(kstatus: Path) -> None:
+    rolling = recorded_pools.revision_rollout()
+    conditions = {c["type"]: c for c in rolling["status"]["conditions"]}
+    assert conditions["Progressing"]["reason"] == "RollingOutRevision"
+    assert "decode 1/3 pods at the new revision (1 surge)" in conditions["Progressing"]["message"]
+    assert rolling["status"]["rollout"]["toModelRevision"] == "v2"
+    ((status, message),) = compute(kstatus, rolling)
+    assert status == "InProgress", message
+    done = recorded_pools.revision_rollout(done=True)
+    assert "rollout" not in done["status"] and done["status"]["modelRevision"] == "v2"
+    ((status, message),) = compute(kstatus, done)
+    assert status == "Current", message
+
+
 def test_kstatus_and_argocd_health_on_a_live_pool_from_creation_until_it_serves(
     cluster: TestCluster,
     operator: OperatorContext,

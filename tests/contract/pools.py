@@ -43,6 +43,10 @@ def contract_pools() -> dict[str, InferencePool]:
             **_tp(tp, tp),
         )
     pools["demo-cpu"] = load_pool("demo-cpu.yaml")
+    # a pinned model revision: --revision and --tokenizer-revision
+    pools["revision"] = load_pool(
+        "llama-3.1-8b.yaml", model__revision="0e9e39f249a16976918f6564b8830bc894c89659"
+    )
     return pools
 
 

@@ -26,7 +26,7 @@ from tests.support.engines import running_engine
 
 from inferencepool.engine_sim.core import LmcacheSettings
 from inferencepool.observability import alerts, dashboard, scrape
-from inferencepool.observability.metrics import OperatorMetrics
+from inferencepool.observability.metrics import OperatorMetrics, record_rollout
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -38,6 +38,7 @@ STAGED = {
     ("InferencePoolEnginesNotReady", "prefill"),
     ("InferencePoolDegraded", None),
     ("InferencePoolFallbackRateHigh", None),
+    ("InferencePoolRolloutStalled", None),
 }
 
 
@@ -105,6 +106,14 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
     record(operator, "broken", "decode", degraded=True)
     operator.record_bottleneck(NAMESPACE, "demo", "None", None)
     operator.record_bottleneck(NAMESPACE, "broken", "Prefill", 2048)
+    # a revision rollout that last moved a pod long ago; demo's finished
+    stalled = {
+        "toRevision": "abc",
+        "prefill": {"updatedReplicas": 1},
+        "lastProgressTime": "2026-01-01T00:00:00Z",
+    }
+    record_rollout(operator, NAMESPACE, "broken", stalled)
+    record_rollout(operator, NAMESPACE, "demo", None)
     server, thread = start_http_server(0, addr="127.0.0.1", registry=operator.registry)
     operator_url = f"127.0.0.1:{server.server_port}"
     stop = asyncio.Event()

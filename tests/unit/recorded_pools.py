@@ -13,6 +13,8 @@ import yaml
 
 from inferencepool.api.v1alpha1 import InferencePool
 from inferencepool.autoscaler.figures import AutoscalerFigures, ScalingLimits
+from inferencepool.builders.kvcompat import kv_compat_hash
+from inferencepool.builders.rollout import PodView, RoleView, plan_rollout
 from inferencepool.controller.status import (
     MissingReference,
     Observed,
@@ -96,6 +98,35 @@ def rolling_out() -> dict[str, Any]:
     assert decode is not None
     workloads["decode"] = WorkloadState(**{**decode.__dict__, "updated": 1, "update_revision": "r2"})
     return with_status(manifest(generation=2), Observed(workloads), ReconcileOutcome(generation=2))
+
+
+def revision_rollout(done: bool = False) -> dict[str, Any]:
+    """Serving, while a new model revision rolls through both pools (builders/rollout.py): each pool has
+    its surge pod at the new revision and old pods left (done: every pod at the new revision)."""
+    document = manifest(generation=2)
+    document["spec"]["model"]["revision"] = "v2"
+    pool = InferencePool.model_validate(document)
+    target = kv_compat_hash(pool)
+    views = {
+        role: RoleView(
+            count,
+            tuple(PodView(o, "old" if o < count and not done else target, True) for o in range(count + 1)),
+            None if done else count,
+        )
+        for role, count in (("prefill", 1), ("decode", 2))
+    }
+    plan = plan_rollout(pool, target, views)
+    inputs = StatusInputs(
+        pool,
+        2,
+        ReconcileOutcome(generation=2),
+        observed(ready=True),
+        ENDPOINT,
+        NOW,
+        rollout=plan,
+        rollout_progress_at=NOW,
+    )
+    return {**copy.deepcopy(document), "status": status_document(inputs)}
 
 
 def spec_changed() -> dict[str, Any]:

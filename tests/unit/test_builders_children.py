@@ -11,6 +11,7 @@ from inferencepool.api import labels
 from inferencepool.api.v1alpha1 import InferencePool
 from inferencepool.builders import pool_children, router_endpoint
 from inferencepool.builders.common import CHECKSUM_ANNOTATION, PoolRef
+from inferencepool.builders.kvcompat import kv_compat_hash
 from inferencepool.router.config import ENV_CONFIG, parse_config
 
 UID = "1f0c7a52-0000-4000-8000-000000000001"
@@ -61,7 +62,10 @@ def test_every_child_and_pod_template_carries_owner_and_standard_labels() -> Non
         assert meta["labels"] == labels.standard_labels("llama-8b", role)
         template = c.get("spec", {}).get("template")
         if template is not None:
-            assert template["metadata"]["labels"] == meta["labels"]
+            pod_labels = dict(template["metadata"]["labels"])
+            if role in ("prefill", "decode"):  # engine pods also carry their KV-compatibility revision
+                assert pod_labels.pop(labels.LABEL_KV_COMPAT) == kv_compat_hash(pool)
+            assert pod_labels == meta["labels"]
             selector = c["spec"]["selector"]["matchLabels"]
             assert selector.items() <= template["metadata"]["labels"].items()
 

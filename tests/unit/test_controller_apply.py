@@ -9,10 +9,12 @@ from tests.unit.builders_examples import child, load_pool
 
 from inferencepool.api import labels
 from inferencepool.builders import pool_children
+from inferencepool.builders.rollout import RoleStep, RolloutPlan
 from inferencepool.controller.apply import autoscaled_role
 from inferencepool.controller.references import pool_references
+from inferencepool.controller.rollout import sync_autoscaled_surge
 from inferencepool.kube import resource_of
-from inferencepool.kube.fields import replicas_document, replicas_managers
+from inferencepool.kube.fields import replicas_document, replicas_managers, surge_of, wanted_replicas
 
 
 def managed(*entries: tuple[str, dict[str, Any]]) -> dict[str, Any]:
@@ -78,3 +80,56 @@ def test_references_a_pool_depends_on() -> None:
         ("PersistentVolumeClaim", "model-cache", None),
     ]
     assert pool_references(load_pool("demo-cpu.yaml")) == []
+
+
+def test_a_rollouts_surge_travels_with_replicas_and_is_not_the_autoscalers() -> None:
+    pool = load_pool("llama-3.1-8b.yaml")
+    statefulset = child(pool, "StatefulSet", "llama-8b-decode")
+    surged = replicas_document(statefulset, 4, surge=1)
+    assert surged["spec"] == {"replicas": 5}
+    assert surged["metadata"]["annotations"] == {labels.ANNOTATION_SURGE: "1"}
+    stored = {
+        **statefulset,
+        "metadata": {**statefulset["metadata"], **surged["metadata"]},
+        "spec": {"replicas": 5},
+    }
+    assert surge_of(stored) == 1 and wanted_replicas(stored) == 4
+    # the autoscaler's next write of its own count keeps the surge it finds
+    assert replicas_document(stored, 6)["spec"] == {"replicas": 7}
+    assert replicas_document(stored, 6, surge=0)["spec"] == {"replicas": 6}
+    assert "annotations" not in replicas_document(stored, 6, surge=0)["metadata"]
+
+
+class RecordingKube:
+    def __init__(self) -> None:
+        self.applied: list[tuple[dict[str, Any], str]] = []
+
+    def apply(self, manifest: dict[str, Any], field_manager: str, force: bool = True) -> dict[str, Any]:
+        self.applied.append((manifest, field_manager))
+        return manifest
+
+
+def test_an_autoscaled_pools_surge_is_written_under_the_autoscalers_manager() -> None:
+    pool = load_pool("llama-3.1-8b.yaml", decode__autoscaling=None)  # prefill autoscales, decode does not
+    stored = {
+        role: {**child(pool, "StatefulSet", f"llama-8b-{role}"), "spec": {"replicas": 2}}
+        for role in ("prefill", "decode")
+    }
+    plan = RolloutPlan("new", {"prefill": RoleStep(1, 2), "decode": RoleStep(1, 2)})
+    kube = RecordingKube()
+    assert sync_autoscaled_surge(kube, pool, plan, stored) == ["prefill"]  # type: ignore[arg-type]
+    ((document, manager),) = kube.applied
+    assert manager == labels.AUTOSCALER_FIELD_MANAGER
+    assert (
+        document["spec"] == {"replicas": 3}
+        and document["metadata"]["annotations"][labels.ANNOTATION_SURGE] == "1"
+    )
+    # once written, nothing more to do; when the rollout ends the surge goes the same way
+    stored["prefill"] = {
+        **stored["prefill"],
+        "metadata": {**stored["prefill"]["metadata"], **document["metadata"]},
+        "spec": {"replicas": 3},
+    }
+    assert sync_autoscaled_surge(kube, pool, plan, stored) == []  # type: ignore[arg-type]
+    assert sync_autoscaled_surge(kube, pool, RolloutPlan("new"), stored) == ["prefill"]  # type: ignore[arg-type]
+    assert kube.applied[-1][0]["spec"] == {"replicas": 2}

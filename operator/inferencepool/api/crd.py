@@ -164,6 +164,7 @@ def _printer_columns() -> list[dict[str, Any]]:
             "description": "observed/target",
         },
         {"name": "Policy", "type": "string", "jsonPath": ".spec.router.policy", "priority": 1},
+        {"name": "Revision", "type": "string", "jsonPath": ".status.modelRevision", "priority": 1},
         {"name": "Endpoint", "type": "string", "jsonPath": ".status.router.endpoint", "priority": 1},
         {
             "name": "Bottleneck",

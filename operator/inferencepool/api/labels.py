@@ -14,6 +14,10 @@ KIND: Final = "InferencePool"
 PLURAL: Final = "inferencepools"
 SINGULAR: Final = "inferencepool"
 SHORT_NAME: Final = "pdpool"
+# The fully qualified resource: what `kubectl get` resolves without doubt when the Gateway API Inference
+# Extension's InferencePool (inference.networking.k8s.io, short name infpool) is installed too, where
+# the plain plural `inferencepools` resolves to one of the two by discovery order.
+RESOURCE: Final = f"{PLURAL}.{GROUP}"
 CATEGORY: Final = "inference"
 FIELD_MANAGER: Final = "inferencepool-operator"
 AUTOSCALER_FIELD_MANAGER: Final = "inferencepool-autoscaler"
@@ -26,9 +30,14 @@ LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
 LABEL_POOL: Final = f"{GROUP}/pool"
 LABEL_ROLE: Final = f"{GROUP}/role"
 # On every engine pod: a hash of everything that must match for a prefill pod's KV to be valid on a decode
-# pod (model, revision, dtypes, block size, image, parallel layout, connector). The router pairs only equal
-# values.
+# pod (model, revision, dtypes, block size, image, parallel layout, connector; builders/kvcompat.py). The
+# router pairs only equal values.
 LABEL_KV_COMPAT: Final = f"{GROUP}/kv-compat"
+# On every engine pod: the model revision it serves (an annotation: a git ref may not be a valid label value).
+ANNOTATION_MODEL_REVISION: Final = f"{GROUP}/model-revision"
+# On an engine StatefulSet during a coordinated rollout: how many of its spec.replicas are surge pods,
+# written by whoever owns spec.replicas (the operator, or the autoscaler's field manager), in one apply.
+ANNOTATION_SURGE: Final = f"{GROUP}/surge"
 
 APP_NAME: Final = "inferencepool"
 MANAGED_BY: Final = "inferencepool-operator"

@@ -74,6 +74,9 @@ POOL_NAME_PATTERN: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 MAX_OBJECT_NAME_LENGTH: Final = 253  # names of Secrets and PVCs, Secret keys
 MAX_REFERENCE_LENGTH: Final = 512  # model ids and paths, tokenizers, images
 MAX_SERVED_NAME_LENGTH: Final = 256
+MAX_REVISION_LENGTH: Final = 256
+# A git ref or commit as the Hugging Face Hub takes it: no whitespace, no leading '-' (read as a flag).
+REVISION_PATTERN: Final = r"^[^-\s][^\s]*$"
 MAX_EXTRA_ARGS: Final = 64
 MAX_EXTRA_ARG_LENGTH: Final = 4096
 MAX_EXTRA_ARGS_TOTAL: Final = 16384
@@ -223,6 +226,18 @@ class ModelSpec(SpecModel):
         min_length=1,
         max_length=MAX_SERVED_NAME_LENGTH,
         description="Model name clients send in requests (vLLM --served-model-name). Defaults to name.",
+    )
+    revision: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_REVISION_LENGTH,
+        pattern=REVISION_PATTERN,
+        description=(
+            "Hugging Face revision of the model (a branch, tag or commit; vLLM --revision, and "
+            "--tokenizer-revision when no other tokenizer is named). Production pins a commit. Changing it "
+            "rolls both pools together, so that no request pairs a prefill pod of one revision with a "
+            "decode pod of another. Defaults to the repository's default branch."
+        ),
     )
     tokenizer: str | None = Field(
         default=None,
@@ -752,6 +767,37 @@ class NetworkPolicySpec(SpecModel):
     )
 
 
+PlacementMode = Literal["Preferred", "Required"]
+# A label key as Kubernetes takes it: an optional DNS-subdomain prefix and '/', then a name of at most 63.
+LABEL_KEY_PATTERN: Final = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+
+
+class PlacementSpec(SpecModel):
+    """Keep the pool's prefill and decode pods in one topology domain, so KV moves over the fast links inside
+    it (a zone, a rack, an NVLink domain), rendered as pod affinity between the pool's engine pods."""
+
+    topology_key: str = Field(
+        min_length=1,
+        max_length=MAX_LABEL_KEY_LENGTH,
+        pattern=LABEL_KEY_PATTERN,
+        description=(
+            "Node label whose value is the domain, e.g. topology.kubernetes.io/zone, or a rack or NVLink "
+            "domain label of your nodes."
+        ),
+    )
+    mode: PlacementMode = Field(
+        default="Preferred",
+        description=(
+            "Preferred (default): the scheduler favours the domain of the pool's other engine pods and "
+            "places a pod elsewhere when the domain is full. Required: a pod waits Pending until its domain "
+            "has room (the first engine pod picks the domain)."
+        ),
+    )
+
+
 @dataclass(frozen=True)
 class SpecRule:
     """A cross-field rule, checked by the API server (CEL, `self` is the spec) and by the spec model."""
@@ -801,6 +847,10 @@ class InferencePoolSpec(SpecModel):
     network_policy: NetworkPolicySpec = Field(
         default_factory=NetworkPolicySpec,
         description="Restrict who reaches the pool's engines and side channels. Off when absent.",
+    )
+    placement: PlacementSpec | None = Field(
+        default=None,
+        description="Keep prefill and decode pods in one topology domain. Unconstrained when absent.",
     )
 
     @model_validator(mode="before")
@@ -1523,6 +1573,38 @@ class BottleneckStatus(StatusModel):
     window_seconds: int | None = Field(default=None, ge=0, description="The window the diagnosis read.")
 
 
+class RolloutRoleStatus(StatusModel):
+    """One engine pool during a coordinated rollout."""
+
+    updated_replicas: int = Field(default=0, ge=0, description="Pods at the new KV-compatibility revision.")
+    ready_updated_replicas: int = Field(default=0, ge=0, description="Of those, the Ready ones.")
+    replicas: int = Field(default=0, ge=0, description="Pods wanted now, the surge pod included.")
+    surge: int = Field(default=0, ge=0, description="Surge pods (0: the GPU budget left no room).")
+    partition: int | None = Field(
+        default=None, ge=0, description="Ordinals from this one up run the new revision."
+    )
+
+
+class RolloutStatus(StatusModel):
+    """A coordinated rollout of both engine pools to a new KV-compatibility revision: each pool surges by one
+    new pod, then replaces its old pods one at a time, so that every prefill pod keeps a decode pod of its
+    own revision to hand its KV to."""
+
+    from_revision: str = Field(default="", description="The KV-compatibility revisions being replaced.")
+    to_revision: str = Field(min_length=1, description="The KV-compatibility revision being rolled out.")
+    from_model_revision: str | None = Field(default=None, description="The model revisions being replaced.")
+    to_model_revision: str | None = Field(default=None, description="spec.model.revision.")
+    prefill: RolloutRoleStatus | None = Field(default=None, description="The prefill pool.")
+    decode: RolloutRoleStatus | None = Field(default=None, description="The decode pool.")
+    last_progress_time: datetime | None = Field(
+        default=None, description="When a pod last moved to the new revision (or the rollout began)."
+    )
+
+    @field_serializer("last_progress_time")
+    def _serialize_time(self, value: datetime | None) -> str | None:
+        return None if value is None else kubernetes_time(value)
+
+
 class StatusDisplay(StatusModel):
     """Figures formatted for `kubectl get` columns (a printer column is one JSONPath: it cannot compute)."""
 
@@ -1550,6 +1632,20 @@ class InferencePoolStatus(StatusModel):
         default=None, description="The phase that limits the pool, from its own metrics (get -o wide)."
     )
     display: StatusDisplay | None = Field(default=None, description="Figures formatted for kubectl get.")
+    kv_compat: str | None = Field(
+        default=None,
+        description=(
+            "The KV-compatibility revision every engine pod runs (their label serving.inferencepool.dev/"
+            "kv-compat): a hash of what must match for a prefill pod's KV to be valid on a decode pod."
+        ),
+    )
+    model_revision: str | None = Field(
+        default=None,
+        description="The model revision every engine pod runs (spec.model.revision, rolled out).",
+    )
+    rollout: RolloutStatus | None = Field(
+        default=None, description="The coordinated rollout of both engine pools in progress, if any."
+    )
 
     def condition(self, condition_type: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == condition_type), None)

@@ -71,7 +71,7 @@ from inferencepool.autoscaler.planner import (
 from inferencepool.autoscaler.planner_spec import capacity_seed, planned, planner_settings
 from inferencepool.builders.common import PoolRef, engine_name, selector_labels
 from inferencepool.kube import Kube
-from inferencepool.kube.fields import replicas_document
+from inferencepool.kube.fields import replicas_document, wanted_replicas
 from inferencepool.kube.objects import label_selector, pool_reference
 
 log = logging.getLogger("inferencepool.autoscaler")
@@ -314,7 +314,7 @@ class PoolAutoscaler:
             if workload is None:
                 return  # not created yet
             workloads[role] = workload
-        current = {role: int(w.get("spec", {}).get("replicas", 0)) for role, w in workloads.items()}
+        current = {role: wanted_replicas(w) for role, w in workloads.items()}
         settings = planner_settings(self.pool.spec, current)
         assert settings is not None
         if self._planner is None:
@@ -365,7 +365,7 @@ class PoolAutoscaler:
             role,
             now,
             RolePages(
-                replicas=int(workload.get("spec", {}).get("replicas", 0)),
+                replicas=wanted_replicas(workload),
                 ready=int(workload.get("status", {}).get("readyReplicas", 0)),
                 ready_pods=frozenset(ready_pods),
                 pages=tuple(parsed),
@@ -471,7 +471,7 @@ class PoolAutoscaler:
         )
         if workload is None:
             return None  # not created yet
-        current = int(workload.get("spec", {}).get("replicas", 0))
+        current = wanted_replicas(workload)  # a rollout's surge pod is not the autoscaler's
         ready = int(workload.get("status", {}).get("readyReplicas", 0))
         pods = await self._pods(role)
         state.unschedulable = _unschedulable(pods)

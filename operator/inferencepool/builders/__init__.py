@@ -12,6 +12,7 @@ from inferencepool.builders.disruption import disruption_budgets
 from inferencepool.builders.engine import engine_children
 from inferencepool.builders.lmcache_controller import controller_children
 from inferencepool.builders.network import network_policies
+from inferencepool.builders.rollout import RolloutPlan
 from inferencepool.builders.router import router_children, router_endpoint
 
 __all__ = ["CHILD_KINDS", "Manifest", "PoolRef", "pool_children", "router_endpoint"]
@@ -31,11 +32,12 @@ CHILD_KINDS: list[tuple[str, str]] = [
 ]
 
 
-def pool_children(pool: InferencePool) -> list[Manifest]:
+def pool_children(pool: InferencePool, rollout: RolloutPlan | None = None) -> list[Manifest]:
+    """`rollout`: where a coordinated rollout of the engine pools stands (None: none in progress)."""
     ref = PoolRef.of(pool)
     children: list[Manifest] = [*controller_children(pool, ref)]
     for role in POOL_ROLES:
-        children += engine_children(pool, ref, role)
+        children += engine_children(pool, ref, role, rollout.step(role) if rollout is not None else None)
     children += router_children(pool, ref)
     children += disruption_budgets(ref)
     children += network_policies(pool, ref)

@@ -35,7 +35,9 @@ from inferencepool.builders.common import (
     service_host,
     tcp_port,
 )
+from inferencepool.builders.kvcompat import kv_compat_hash
 from inferencepool.builders.kvtransfer import KV_LEASE_SECONDS, kv_transfer_config_json
+from inferencepool.builders.rollout import RoleStep
 
 CONTAINER_NAME: Final = "vllm"
 HTTP_PORT: Final = 8000
@@ -132,6 +134,11 @@ def vllm_args(pool: InferencePool, role: PoolRole) -> list[str]:
     if engine.max_model_len is not None:
         args += ["--max-model-len", str(engine.max_model_len)]
     args += spec.batch_args(role)
+    if spec.model.revision is not None:
+        args += ["--revision", spec.model.revision]
+        if spec.model.tokenizer is None:
+            # vLLM would default it to --revision too (config/model.py); explicit, so the pod says it
+            args += ["--tokenizer-revision", spec.model.revision]
     if spec.model.tokenizer is not None:
         args += ["--tokenizer", spec.model.tokenizer]
     if spec.kv_transfer.connector == "LMCachePD":
@@ -272,11 +279,45 @@ def gpu_tolerations(pool: InferencePool, role: PoolRole) -> list[Manifest]:
     return [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
 
 
+PLACEMENT_WEIGHT: Final = 100  # the most a preferred term weighs: the domain matters more than spreading
+
+
+def engine_affinity(pool: InferencePool, ref: PoolRef, role: PoolRole) -> Manifest:
+    """The pool's scheduling.affinity (passed through), with spec.placement's term added: affinity to the
+    pool's engine pods of either role in the same topology domain. The first engine pod matches its own term,
+    which the scheduler accepts with no other pod yet (Kubernetes' rule for a pod that matches its own
+    affinity), and picks the domain the others follow."""
+    placement = pool.spec.placement
+    user: Manifest = dict(pool.spec.pool(role).scheduling.affinity)
+    if placement is None:
+        return user
+    term: Manifest = {
+        "labelSelector": {
+            "matchLabels": {labels.LABEL_POOL: ref.name},
+            "matchExpressions": [
+                {"key": labels.LABEL_ROLE, "operator": "In", "values": ["prefill", "decode"]}
+            ],
+        },
+        "topologyKey": placement.topology_key,
+    }
+    pod_affinity: Manifest = dict(user.get("podAffinity") or {})
+    if placement.mode == "Required":
+        key, entry = "requiredDuringSchedulingIgnoredDuringExecution", term
+    else:
+        key = "preferredDuringSchedulingIgnoredDuringExecution"
+        entry = {"weight": PLACEMENT_WEIGHT, "podAffinityTerm": term}
+    pod_affinity[key] = [*pod_affinity.get(key, []), entry]
+    return {**user, "podAffinity": pod_affinity}
+
+
 def engine_pod_template(pool: InferencePool, ref: PoolRef, role: PoolRole) -> Manifest:
     spec = pool.spec
     scheduling = spec.pool(role).scheduling
-    pod_labels = labels.standard_labels(ref.name, role)
+    # the router pairs prefill and decode pods only within one KV-compatibility revision
+    pod_labels = {**labels.standard_labels(ref.name, role), labels.LABEL_KV_COMPAT: kv_compat_hash(pool)}
     annotations: dict[str, str] = {}
+    if spec.model.revision is not None:
+        annotations[labels.ANNOTATION_MODEL_REVISION] = spec.model.revision
     if spec.uses_lmcache():
         annotations[CHECKSUM_ANNOTATION] = checksum(lmcache_config(pool, ref, role)["data"])
     pod_spec: Manifest = {
@@ -296,34 +337,41 @@ def engine_pod_template(pool: InferencePool, ref: PoolRef, role: PoolRole) -> Ma
         pod_spec["tolerations"] = tolerations
     if scheduling.node_selector:
         pod_spec["nodeSelector"] = dict(scheduling.node_selector)
-    if scheduling.affinity:
-        pod_spec["affinity"] = scheduling.affinity
+    affinity = engine_affinity(pool, ref, role)
+    if affinity:
+        pod_spec["affinity"] = affinity
     template_meta: Manifest = {"labels": pod_labels}
     if annotations:
         template_meta["annotations"] = annotations
     return {"metadata": template_meta, "spec": pod_spec}
 
 
-def engine_statefulset(pool: InferencePool, ref: PoolRef, role: PoolRole) -> Manifest:
-    """The pool's StatefulSet; without `replicas` when the autoscaler owns that field."""
+def engine_statefulset(
+    pool: InferencePool, ref: PoolRef, role: PoolRole, step: RoleStep | None = None
+) -> Manifest:
+    """The pool's StatefulSet; without `replicas` when the autoscaler owns that field. `step`: where a
+    coordinated rollout (builders/rollout.py) stands: the partition, and the surge where the operator owns
+    replicas (the autoscaler's field manager writes both replicas and the surge annotation where it does)."""
     pool_spec = pool.spec.pool(role)
     name = engine_name(ref, role)
+    step = step or RoleStep()
+    update: Manifest = {"type": "RollingUpdate"}
+    if step.partition is not None:
+        update["rollingUpdate"] = {"partition": step.partition}
     spec: Manifest = {
         "serviceName": name,
         # Engines are independent of each other; starting them one by one would add a model load per replica.
         "podManagementPolicy": "Parallel",
         "selector": {"matchLabels": selector_labels(ref, role)},
         "template": engine_pod_template(pool, ref, role),
-        "updateStrategy": {"type": "RollingUpdate"},
+        "updateStrategy": update,
     }
+    meta = metadata(ref, name, role)
     if not pool_spec.autoscales():
-        spec["replicas"] = pool_spec.initial_replicas()
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": metadata(ref, name, role),
-        "spec": spec,
-    }
+        spec["replicas"] = pool_spec.initial_replicas() + step.surge
+        if step.surge:
+            meta["annotations"] = {**meta.get("annotations", {}), labels.ANNOTATION_SURGE: str(step.surge)}
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta, "spec": spec}
 
 
 def engine_service(pool: InferencePool, ref: PoolRef, role: PoolRole) -> Manifest:
@@ -352,10 +400,12 @@ def lmcache_config(pool: InferencePool, ref: PoolRef, role: PoolRole) -> Manifes
     }
 
 
-def engine_children(pool: InferencePool, ref: PoolRef, role: PoolRole) -> list[Manifest]:
+def engine_children(
+    pool: InferencePool, ref: PoolRef, role: PoolRole, step: RoleStep | None = None
+) -> list[Manifest]:
     """Every object of one engine pool, in the order they should be applied (config before its readers)."""
     children: list[Manifest] = []
     if pool.spec.uses_lmcache():
         children.append(lmcache_config(pool, ref, role))
-    children += [engine_service(pool, ref, role), engine_statefulset(pool, ref, role)]
+    children += [engine_service(pool, ref, role), engine_statefulset(pool, ref, role, step)]
     return children

@@ -22,7 +22,7 @@ from inferencepool.api import labels
 from inferencepool.api.v1alpha1 import InferencePool, PoolRole
 from inferencepool.builders import Manifest
 from inferencepool.kube import Kube, KubeError
-from inferencepool.kube.fields import replicas_document, replicas_managers
+from inferencepool.kube.fields import replicas_document, replicas_managers, surge_of, wanted_replicas
 
 SPEC_ORIGIN = {
     "prefill": "spec.prefill",
@@ -115,12 +115,13 @@ def _apply_one(kube: Kube, pool: InferencePool, manifest: Manifest) -> dict[str,
         before = kube.get("apps/v1", "StatefulSet", meta["namespace"], meta["name"])
         if before is not None and replicas_managers(before) <= {labels.FIELD_MANAGER}:
             # Autoscaling was just switched on: keep today's count by giving it to the autoscaler first.
-            current = int(before.get("spec", {}).get("replicas", 1))
-            kube.apply(replicas_document(manifest, current), labels.AUTOSCALER_FIELD_MANAGER)
+            current = wanted_replicas(before) if "replicas" in before.get("spec", {}) else 1
+            surge = surge_of(before)
+            kube.apply(replicas_document(manifest, current, surge), labels.AUTOSCALER_FIELD_MANAGER)
     stored = kube.apply(manifest, labels.FIELD_MANAGER)
     if role is not None and not replicas_managers(stored) - {labels.FIELD_MANAGER}:
         # A new StatefulSet: nobody owns replicas yet, so seed the starting count for the autoscaler.
-        seed = replicas_document(manifest, pool.spec.pool(role).initial_replicas())
+        seed = replicas_document(manifest, pool.spec.pool(role).initial_replicas(), 0)
         stored = kube.apply(seed, labels.AUTOSCALER_FIELD_MANAGER)
     return stored
 

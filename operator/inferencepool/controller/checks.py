@@ -13,6 +13,7 @@ from typing import Any
 
 from inferencepool.api.v1alpha1 import InferencePool
 from inferencepool.builders import Manifest, pool_children
+from inferencepool.builders.rollout import RolloutPlan
 from inferencepool.controller.status import SpecProblem
 
 # resource.Quantity's form, as the API server checks it (after the CRD let the pass-through subtree in).
@@ -22,10 +23,12 @@ ANNOTATIONS_MAX_BYTES = 256 * 1024
 ANNOTATIONS_MARGIN_BYTES = 16 * 1024  # kopf's own progress records, labels, annotations already there
 
 
-def rendered_children(pool: InferencePool) -> list[Manifest] | SpecProblem:
+def rendered_children(
+    pool: InferencePool, rollout: RolloutPlan | None = None
+) -> list[Manifest] | SpecProblem:
     """Every child, or the builders' objection naming the field (e.g. an extraEnv entry without a name)."""
     try:
-        return pool_children(pool)
+        return pool_children(pool, rollout)
     except ValueError as error:
         return SpecProblem("InvalidSpec", str(error))
 

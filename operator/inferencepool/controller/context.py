@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 
+from inferencepool.builders.rollout import RolloutPlan
 from inferencepool.controller.status import MissingReference, ReconcileOutcome, WorkloadState
 from inferencepool.kube import Kube
 from inferencepool.observability.metrics import OperatorMetrics
@@ -56,6 +57,9 @@ class PoolMemory:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # The workloads as the last apply stored them, by role: the status uses them until the indices have them.
     applied_workloads: dict[str, WorkloadState] = field(default_factory=dict)
+    # The coordinated rollout's last plan (builders/rollout.py), and when a pod last moved to its revision.
+    rollout: RolloutPlan | None = None
+    rollout_progress_at: datetime | None = None
     deleted: bool = False
     written: dict[str, Any] | None = None  # the status document last written
     _wake: asyncio.Event = field(default_factory=asyncio.Event)

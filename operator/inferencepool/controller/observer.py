@@ -23,6 +23,8 @@ from inferencepool.autoscaler.runner import PoolAutoscaler, scrape_session
 from inferencepool.builders import PoolRef, router_endpoint
 from inferencepool.controller.context import OperatorContext, PoolMemory
 from inferencepool.controller.events import post_event, post_ref_event
+from inferencepool.controller.reconcile import reconcile
+from inferencepool.controller.rollout import applied_shape, current_plan, progress_of, sync_autoscaled_surge
 from inferencepool.controller.status import (
     Bottleneck,
     Observed,
@@ -43,6 +45,9 @@ WORKLOAD_KEYS: tuple[WorkloadKey, ...] = ("prefill", "decode", "router", "lmcach
 # The longest wait between rounds (when nothing is due: a spec that does not validate); `stopped` is checked
 # between rounds.
 IDLE_SECONDS = 1.0
+# While a coordinated rollout runs, its next step is looked for at least this often (pod readiness reaches the
+# daemon through its StatefulSet's status, which can lag the pod).
+ROLLOUT_POLL_SECONDS = 2.0
 log = logging.getLogger("inferencepool.observer")
 
 States = Mapping[Any, Any]  # a kopf index of WorkloadState by (namespace, pool, role)
@@ -65,11 +70,14 @@ class PoolObserver:
         while not stopped and not self.memory.deleted:
             pool = self._current_pool()
             stepped = pool is not None and await self._step_autoscaler()
+            stepped = (pool is not None and await self._step_rollout(pool)) or stepped
             # The status changes only with what it is composed from: a reconcile, a workload, a reading.
             if (requested or stepped or self._retry) and not await self._write_status(pool):
                 gone = True
                 break
             timeout = self._scaler.seconds_to_next() if self._scaler is not None else IDLE_SECONDS
+            if self._rolling():
+                timeout = min(timeout, ROLLOUT_POLL_SECONDS)
             requested = await self.memory.wait(timeout, self.context.status_delay_seconds)
         if gone or self.memory.deleted:
             meta = self.body.metadata
@@ -105,6 +113,37 @@ class PoolObserver:
             log.exception("autoscaler %s/%s: round failed", self._scaler.namespace, self._scaler.name)
         return True  # it may have scaled before failing
 
+    def _rolling(self) -> bool:
+        return self.memory.rollout is not None and self.memory.rollout.active
+
+    async def _step_rollout(self, pool: InferencePool) -> bool:
+        """The coordinated rollout's next step, if one is due: a reconcile when the StatefulSets must be
+        rendered anew (a partition moved, a surge came or went), the autoscaled pools' surge, and the figures
+        for the status; whether anything changed."""
+        if not self._rolling():
+            return False
+        kube = self.context.kube
+        try:
+            plan, stored = await asyncio.to_thread(current_plan, kube, pool)
+            previous = self.memory.rollout
+            changed = previous is None or progress_of(previous) != progress_of(plan)
+            if previous is None or applied_shape(previous) != applied_shape(plan):
+                await reconcile(self.context, self.memory, self.body, "rollout", log)
+                plan, stored = await asyncio.to_thread(current_plan, kube, pool)
+            elif changed:
+                self.memory.rollout_progress_at = self.context.clock()
+                self.memory.rollout = plan
+            written = await asyncio.to_thread(
+                sync_autoscaled_surge, kube, pool, self.memory.rollout or plan, stored
+            )
+        except (kopf.TemporaryError, kopf.PermanentError) as error:
+            log.warning("rollout of %s/%s: %s", pool.namespace(), pool.name(), error)
+            return True
+        except KubeError as error:
+            log.warning("rollout of %s/%s: %s", pool.namespace(), pool.name(), error)
+            return False
+        return changed or bool(written)
+
     async def _write_status(self, pool: InferencePool | None) -> bool:
         """Compose and write the status if it changed; False when the pool is gone."""
         meta = self.body.metadata
@@ -113,7 +152,12 @@ class PoolObserver:
         previous = self._previous()
         document = self._compose(pool, previous, self.context.clock())
         record_status(self.context.metrics, meta.get("namespace", ""), meta.get("name", ""), document)
-        if document == self.memory.written or not status_differs(self.body.get("status"), document):
+        # a rollout that ended leaves the status (a write without it drops the field), which status_differs,
+        # blind to fields a document omits, cannot see
+        ended = "rollout" in (self.body.get("status") or {}) and "rollout" not in document
+        if document == self.memory.written or (
+            not ended and not status_differs(self.body.get("status"), document)
+        ):
             return True
         try:
             # metadata.uid makes the write conditional: it fails rather than land on a new pool of that name.
@@ -158,6 +202,8 @@ class PoolObserver:
             figures=self._scaler.figures(),
             bottleneck=self._bottleneck(pool),
             previous=previous,
+            rollout=self.memory.rollout,
+            rollout_progress_at=self.memory.rollout_progress_at,
         )
         return status_document(inputs)
 

@@ -18,11 +18,13 @@ from pydantic import ValidationError
 from inferencepool.api import labels
 from inferencepool.api.v1alpha1 import API_VERSION, InferencePool
 from inferencepool.builders import Manifest
+from inferencepool.builders.rollout import RolloutPlan
 from inferencepool.controller.apply import ApplyReport, apply_children
 from inferencepool.controller.checks import rendered_children, resources_problem, size_problem
 from inferencepool.controller.context import OperatorContext, PoolMemory
 from inferencepool.controller.events import post_event
 from inferencepool.controller.references import find_missing
+from inferencepool.controller.rollout import current_plan, progress_of, rollout_events
 from inferencepool.controller.status import MissingReference, ReconcileOutcome, SpecProblem, WorkloadState
 
 Logger = logging.Logger | kopf.Logger
@@ -48,11 +50,13 @@ async def _reconcile(
         # children for an owner that no longer exists.
         logger.info("pool %s/%s is gone or going; nothing to apply", pool.namespace(), pool.name())
         return
-    children = _checked_children(memory, body, pool, generation)
+    plan, _ = await asyncio.to_thread(current_plan, context.kube, pool)
+    children = _checked_children(memory, body, pool, generation, plan)
     missing = await asyncio.to_thread(find_missing, context.kube, pool)
     report = await _applied(context, memory, body, pool, children, missing, generation)
     memory.outcome = ReconcileOutcome(generation, missing)
     memory.applied_workloads = _workloads(report)
+    _remember_rollout(context, memory, body, pool, plan)
     context.reconciles += 1
     _announce(body, reason, generation, len(children), report)
     _announce_missing(memory, body, missing)
@@ -72,11 +76,27 @@ def _validated(memory: PoolMemory, body: Mapping[str, Any], generation: int) -> 
         raise kopf.PermanentError(problem.message) from error
 
 
+def _remember_rollout(
+    context: OperatorContext,
+    memory: PoolMemory,
+    body: Mapping[str, Any],
+    pool: InferencePool,
+    plan: RolloutPlan,
+) -> None:
+    """Keep the plan just applied for the status and the daemon's next step; announce what moved."""
+    for event in rollout_events(memory.rollout, plan, pool.spec.model.revision):
+        post_event(body, event.type, event.reason, event.message)
+    previous = memory.rollout
+    if plan.active and (previous is None or progress_of(previous) != progress_of(plan)):
+        memory.rollout_progress_at = context.clock()
+    memory.rollout = plan
+
+
 def _checked_children(
-    memory: PoolMemory, body: Mapping[str, Any], pool: InferencePool, generation: int
+    memory: PoolMemory, body: Mapping[str, Any], pool: InferencePool, generation: int, plan: RolloutPlan
 ) -> list[Manifest]:
     """Every child, unless the spec cannot be applied: then Degraded and kopf.PermanentError."""
-    children = rendered_children(pool)
+    children = rendered_children(pool, plan)
     problem = (
         children
         if isinstance(children, SpecProblem)

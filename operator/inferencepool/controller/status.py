@@ -33,10 +33,13 @@ from inferencepool.api.v1alpha1 import (
     InferencePoolStatus,
     PoolRole,
     PoolStatus,
+    RolloutRoleStatus,
+    RolloutStatus,
     RouterStatus,
 )
 from inferencepool.autoscaler.figures import AutoscalerFigures, RoleFigures
 from inferencepool.autoscaler.histogram import Reading
+from inferencepool.builders.rollout import RolloutPlan
 from inferencepool.diagnosis.core import diagnose
 from inferencepool.diagnosis.settings import settings_from_pool
 from inferencepool.diagnosis.status import bottleneck_condition, bottleneck_status
@@ -168,11 +171,15 @@ def ready_condition(pool: InferencePool, observed: Observed) -> ConditionValue:
     return ConditionValue("True", "Serving", f"ready: {summary}")
 
 
-def progressing_condition(pool: InferencePool, observed: Observed, generation: int) -> ConditionValue:
+def progressing_condition(
+    pool: InferencePool, observed: Observed, generation: int, rollout: RolloutPlan | None = None
+) -> ConditionValue:
     """Progressing: the operator or a workload controller is still moving towards the latest spec."""
     missing = [key for key in expected_workloads(pool) if observed.get(key) is None]
     if missing:
         return ConditionValue("True", "CreatingChildren", f"waiting for {', '.join(missing)} to be created")
+    if rollout is not None and rollout.active:
+        return ConditionValue("True", "RollingOutRevision", f"generation {generation}: {rollout.summary()}")
     rolling = [key for key in expected_workloads(pool) if not _state(observed, key).rolled_out()]
     if rolling:
         return ConditionValue(
@@ -254,6 +261,9 @@ class StatusInputs:
     figures: AutoscalerFigures = field(default_factory=AutoscalerFigures)
     bottleneck: Bottleneck | None = None
     previous: InferencePoolStatus | None = None
+    # the last plan of the coordinated rollout (None: not planned since the operator started)
+    rollout: RolloutPlan | None = None
+    rollout_progress_at: datetime | None = None
 
 
 def compose_status(inputs: StatusInputs) -> InferencePoolStatus:
@@ -263,7 +273,9 @@ def compose_status(inputs: StatusInputs) -> InferencePoolStatus:
     previous = inputs.previous or InferencePoolStatus()
     generation = inputs.generation
     ready = ready_condition(pool, observed)
-    progressing = progressing_condition(pool, observed, generation)
+    rollout = inputs.rollout
+    settled = rollout is not None and not rollout.active
+    progressing = progressing_condition(pool, observed, generation, rollout)
     degraded = degraded_condition(inputs.outcome)
     conditions: list[tuple[str, ConditionValue, int | None]] = [
         (CONDITION_READY, ready, generation),
@@ -292,6 +304,10 @@ def compose_status(inputs: StatusInputs) -> InferencePoolStatus:
         decode=_pool_status(pool, "decode", observed.get("decode"), figures.roles.get("decode")),
         router=_router_status(pool, observed.get("router"), figures, inputs.endpoint),
         bottleneck=bottleneck,
+        # what every engine pod runs: known once a rollout has nothing left to do
+        kv_compat=rollout.target if rollout is not None and settled else previous.kv_compat,
+        model_revision=pool.spec.model.revision if settled else previous.model_revision,
+        rollout=(rollout_status(pool, rollout, inputs.rollout_progress_at) if rollout is not None else None),
     )
     for condition_type, value, observed_generation in conditions:
         status.set_condition(
@@ -322,6 +338,32 @@ def _pool_status(
         observed_milliseconds=figures.observed_milliseconds,
         last_scaling=figures.last_scaling,
         recommended_replicas=figures.recommended_replicas,
+    )
+
+
+def rollout_status(
+    pool: InferencePool, plan: RolloutPlan, progress_at: datetime | None
+) -> RolloutStatus | None:
+    if not plan.active:
+        return None
+    roles = {
+        role: RolloutRoleStatus(
+            updated_replicas=step.updated,
+            ready_updated_replicas=step.ready_updated,
+            replicas=step.replicas,
+            surge=step.surge,
+            partition=step.partition,
+        )
+        for role, step in plan.roles.items()
+    }
+    return RolloutStatus(
+        from_revision=",".join(plan.previous),
+        to_revision=plan.target,
+        from_model_revision=",".join(plan.previous_model_revisions) or None,
+        to_model_revision=pool.spec.model.revision,
+        prefill=roles.get("prefill"),
+        decode=roles.get("decode"),
+        last_progress_time=progress_at,
     )
 
 

@@ -82,6 +82,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=None)
     parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--revision", default=None)
+    parser.add_argument("--tokenizer-revision", default=None)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--kv-transfer-config", default=None, help="vLLM KVTransferConfig as JSON")
     parser.add_argument(
@@ -246,6 +250,12 @@ def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None
         tokenizer=load_tokenizer(args.tokenizer, model),
         role=args.role,
         pd=pd[0] if pd else None,
+        revision=args.revision,
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        enforce_handshake_compat=_truthy(
+            ((nixl_config or {}).get("kv_connector_extra_config") or {}).get("enforce_handshake_compat", True)
+        ),
     )
 
 

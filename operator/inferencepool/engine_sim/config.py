@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from inferencepool.engine_sim.core import LmcacheSettings
+from inferencepool.engine_sim.nixl_compat import VLLM_VERSION, HandshakePayload, compatibility_hash
 from inferencepool.engine_sim.tokenizer import EstimateTokenizer, Tokenizer
 from inferencepool.perf.profiles import EngineProfile
 
@@ -86,6 +87,20 @@ class EngineConfig:
     tokenizer: Tokenizer = field(default_factory=EstimateTokenizer)
     role: str = "both"
     pd: PdConfig | None = None  # LMCache PD mode (needs lmcache with the same pd_role)
+    # What the NIXL handshake compares (nixl_compat.py): --revision, --dtype, --kv-cache-dtype, and whether
+    # a mismatch is refused (kv_connector_extra_config enforce_handshake_compat, true by default)
+    revision: str | None = None
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    enforce_handshake_compat: bool = True
+
+    def handshake_payload(self) -> HandshakePayload:
+        digest = compatibility_hash(
+            VLLM_VERSION, self.model, self.revision, self.dtype, self.kv_cache_dtype, self.profile
+        )
+        return HandshakePayload(
+            digest, self.engine_id, self.profile.kv_block_tokens, self.profile.tensor_parallel
+        )
 
     def check(self) -> None:
         """What an engine refuses to start with, as vLLM or LMCache would."""

@@ -18,8 +18,7 @@ from inferencepool.engine_sim import protocol
 from inferencepool.engine_sim.core import EngineRequest, RequestFailed
 from inferencepool.engine_sim.host import EngineHost, Stream
 from inferencepool.engine_sim.httputil import json_response
-
-VLLM_VERSION = "0.33.0"  # the vLLM release whose API this fake reproduces
+from inferencepool.engine_sim.nixl_compat import VLLM_VERSION
 
 
 class OpenAIApi:

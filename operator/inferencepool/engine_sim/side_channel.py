@@ -10,14 +10,17 @@ modelled transfer time. (LMCache p2p has sockets of its own: lmcache_p2p.py.)
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Mapping
 
 from aiohttp import ClientError, web
 
 from inferencepool.engine_sim import protocol
-from inferencepool.engine_sim.core import RemoteRead
+from inferencepool.engine_sim.core import RemotePrefill, RemoteRead
 from inferencepool.engine_sim.host import EngineHost
 from inferencepool.engine_sim.httputil import app_runner, bound_port, error_response, json_response, url_host
+from inferencepool.engine_sim.nixl_compat import HandshakePayload, handshake_error
 from inferencepool.perf import timing
 
 log = logging.getLogger("inferencepool.fake_engine")
@@ -26,6 +29,7 @@ log = logging.getLogger("inferencepool.fake_engine")
 class SideChannel:
     def __init__(self, engine: EngineHost) -> None:
         self.engine = engine
+        self._peers: set[str] = set()  # prefill engines handshaken with (vLLM's _remote_agents)
 
     async def start(self) -> tuple[web.AppRunner, int]:
         """Listen on the configured side-channel address; returns the runner and the bound port."""
@@ -33,6 +37,7 @@ class SideChannel:
         app = web.Application()
         app.add_routes(
             [
+                web.get("/nixl/handshake", self._handle_handshake),
                 web.post("/nixl/read_blocks", self._handle_read_blocks),
             ]
         )
@@ -53,6 +58,9 @@ class SideChannel:
         return runner, bound_port(site)
 
     # ----- serving end -----
+
+    async def _handle_handshake(self, request: web.Request) -> web.Response:
+        return json_response(self.engine.config.handshake_payload().document())
 
     async def _handle_read_blocks(self, request: web.Request) -> web.Response:
         engine = self.engine
@@ -75,6 +83,35 @@ class SideChannel:
 
     # ----- reading end -----
 
+    async def _handshake(self, source: RemotePrefill) -> str | None:
+        """vLLM's handshake with a prefill engine first read from: its payload, checked before any read;
+        why it is refused (None: accepted, and remembered for the engine's later reads)."""
+        if source.engine_id in self._peers:
+            return None
+        url = f"http://{url_host(source.host)}:{source.port}/nixl/handshake"
+        async with self.engine.session.get(url) as response:
+            if response.status != 200:
+                return f"NIXL handshake with {source.host}:{source.port} failed: HTTP {response.status}"
+            remote = HandshakePayload.of(await response.json(content_type=None))
+        local = self.engine.config.handshake_payload()
+        if not self.engine.config.enforce_handshake_compat:
+            local = dataclasses.replace(local, compatibility_hash=remote.compatibility_hash)
+        error = handshake_error(local, remote, source.engine_id)
+        if error is None:
+            self._peers.add(source.engine_id)
+        else:
+            log.error("NIXL handshake with engine %s failed: %s", source.engine_id, error)
+        return error
+
+    async def _read(self, url: str, payload: Mapping[str, object], source: RemotePrefill) -> str | None:
+        async with self.engine.session.post(url, json=payload) as response:
+            if response.status == 200:
+                return None
+            detail = (await response.json(content_type=None)).get("error", {}).get("message", "")
+            return (
+                f"KV transfer from engine {source.engine_id} at {source.host}:{source.port} failed: {detail}"
+            )
+
     async def remote_read(self, read: RemoteRead) -> None:
         engine = self.engine
         source = read.source
@@ -86,13 +123,9 @@ class SideChannel:
         }
         error: str | None = None
         try:
-            async with engine.session.post(url, json=payload) as response:
-                if response.status != 200:
-                    detail = (await response.json(content_type=None)).get("error", {}).get("message", "")
-                    error = (
-                        f"KV transfer from engine {source.engine_id} at {source.host}:{source.port} "
-                        f"failed: {detail}"
-                    )
+            error = await self._handshake(source)
+            if error is None:
+                error = await self._read(url, payload, source)
         except (ClientError, TimeoutError, ValueError) as exc:
             error = (
                 f"KV transfer from engine {source.engine_id} at {source.host}:{source.port} failed: "

@@ -13,11 +13,26 @@ from dataclasses import asdict, dataclass, fields
 from string import Template
 from typing import Any, Final
 
+from inferencepool.api import labels
 from inferencepool.observability import metrics as op
 
 ROUTER: Final = "inferencepool_router"
 GROUP: Final = "inferencepool"
-RUNBOOK_HINT: Final = "kubectl describe pdpool -n {{ $labels.namespace }} {{ $labels.pool }}"
+# The short name: unambiguous beside the Gateway API Inference Extension's InferencePool (its own: infpool).
+RUNBOOK_HINT: Final = (
+    f"kubectl describe {labels.SHORT_NAME} -n {{{{ $labels.namespace }}}} {{{{ $labels.pool }}}}"
+)
+# Router metrics the alerts below read that the router does not export yet: agreed names, for the router to
+# export exactly (a test fails once one is exported, so that it leaves this list).
+PENDING_ROUTER_METRICS: Final = frozenset(
+    {
+        # counter, label role: requests that failed against a restarted pod's previous engine (a handshake or
+        # KV state the router had not dropped when the pod came back with a new engine id)
+        f"{ROUTER}_stale_peer_failures_total",
+        # counter, labels role, priority: requests answered 429 because both pools were past their targets
+        f"{ROUTER}_shed_requests_total",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -31,6 +46,12 @@ class Thresholds:
     kv_transfer_failure_minutes: int | str = 5
     not_ready_minutes: int | str = 15
     degraded_minutes: int | str = 5
+    kv_expiry_minutes: int | str = 10
+    stale_peer_minutes: int | str = 2
+    unresponsive_minutes: int | str = 2
+    shed_percent: int | str = 1
+    shed_minutes: int | str = 10
+    rollout_stalled_minutes: int | str = 30
 
     def values(self) -> dict[str, str]:
         return {key: str(value) for key, value in asdict(self).items()}
@@ -105,6 +126,65 @@ ALERTS: Final = (
         "{{ $labels.role }} engines report failed NIXL KV transfers ({{ $value | humanize }} in 5 minutes), "
         "for ${kv_transfer_failure_minutes} minutes. Those requests fail or are prefilled again on decode. "
         "Check the network (UCX transport, RDMA) between prefill and decode nodes and the engines' logs.",
+    ),
+    Alert(
+        "InferencePoolKVLeaseExpiries",
+        "sum by (namespace, pool) (increase(vllm:nixl_num_kv_expired_reqs_total[10m])) > 0",
+        "kv_expiry_minutes",
+        "warning",
+        "{{ $labels.namespace }}/{{ $labels.pool }}: prefill pods hold KV that no decode pod reads",
+        "Prefill engines have freed KV blocks only when their lease ran out ({{ $value | humanize }} "
+        "requests in 10 minutes), for ${kv_expiry_minutes} minutes: the decode leg never came (a client "
+        "that went away, a decode pod that failed or hung, a router that lost the pair). Those blocks were "
+        "unusable for the lease's length. Check the router's client disconnects and the decode pods' health.",
+    ),
+    Alert(
+        "InferencePoolStalePeers",
+        f"sum by (namespace, pool, role) (increase({ROUTER}_stale_peer_failures_total[5m])) > 0",
+        "stale_peer_minutes",
+        "warning",
+        "{{ $labels.namespace }}/{{ $labels.pool }}: requests fail against restarted {{ $labels.role }} pods",
+        "Requests keep failing against the previous engine of restarted {{ $labels.role }} pods (same name "
+        "and IP, new NIXL engine id), for ${stale_peer_minutes} minutes: the router or a decode engine kept "
+        "the old peer's handshake or KV state. Restarting the decode pods clears it; report it with the "
+        "router's log.",
+    ),
+    Alert(
+        "InferencePoolEngineUnresponsive",
+        f'max by (namespace, pool, role) ({ROUTER}_pods{{state="unresponsive"}}) > 0',
+        "unresponsive_minutes",
+        "warning",
+        "{{ $labels.namespace }}/{{ $labels.pool }}: {{ $value }} {{ $labels.role }} engine pods hang",
+        "The router took {{ $value }} {{ $labels.role }} pods out of its table for ${unresponsive_minutes} "
+        "minutes because they answer neither requests nor /metrics (a hung engine, a stopped process, a "
+        "saturated node). The pool serves on the others; the liveness probe restarts a pod whose /health "
+        "fails. Look at the pods' logs and node. " + RUNBOOK_HINT,
+    ),
+    Alert(
+        "InferencePoolShedding",
+        f"100 * sum by (namespace, pool) (rate({ROUTER}_shed_requests_total[5m]))\n"
+        f"  / on (namespace, pool)\n"
+        f"sum by (namespace, pool) (rate({ROUTER}_requests_total[5m]))\n"
+        "  > ${shed_percent}",
+        "shed_minutes",
+        "warning",
+        "{{ $labels.namespace }}/{{ $labels.pool }}: {{ $value | humanize }}% of requests shed (429)",
+        "The router answered more than ${shed_percent}% of requests with 429 for ${shed_minutes} minutes: "
+        "both pools are past their latency targets and its queues are full. Raise maxReplicas or the GPU "
+        "budget (InferencePoolScalingLimited says which), or send less load. " + RUNBOOK_HINT,
+    ),
+    Alert(
+        "InferencePoolRolloutStalled",
+        f"max by (namespace, pool) ({op.ROLLOUT_IN_PROGRESS}) == 1\n"
+        f"  and on (namespace, pool)\n"
+        f"time() - max by (namespace, pool) ({op.ROLLOUT_LAST_PROGRESS}) > 60",
+        "rollout_stalled_minutes",
+        "warning",
+        "{{ $labels.namespace }}/{{ $labels.pool }}: the rollout to a new revision stopped progressing",
+        "No engine pod has moved to the new KV-compatibility revision for ${rollout_stalled_minutes} minutes "
+        "(status.rollout says how far each pool got). A new pod that never becomes Ready holds the rollout: "
+        "look at the newest pods' events and logs (image, model revision that does not exist, GPUs). Old "
+        "pods keep serving meanwhile. " + RUNBOOK_HINT,
     ),
     Alert(
         "InferencePoolEnginesNotReady",

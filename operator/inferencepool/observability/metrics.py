@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -61,6 +62,9 @@ SCALING_LIMITED: Final = f"{PREFIX}_pool_scaling_limited"
 DEGRADED: Final = f"{PREFIX}_pool_degraded"
 BOTTLENECK: Final = f"{PREFIX}_pool_bottleneck"
 RECOMMENDED_THRESHOLD: Final = f"{PREFIX}_pool_recommended_threshold_tokens"
+ROLLOUT_IN_PROGRESS: Final = f"{PREFIX}_pool_rollout_in_progress"
+ROLLOUT_UPDATED_REPLICAS: Final = f"{PREFIX}_pool_rollout_updated_replicas"
+ROLLOUT_LAST_PROGRESS: Final = f"{PREFIX}_pool_rollout_last_progress_timestamp_seconds"
 RECONCILES: Final = f"{PREFIX}_operator_reconciles"
 RECONCILE_DURATION: Final = f"{PREFIX}_operator_reconcile_duration_seconds"
 
@@ -127,6 +131,24 @@ class OperatorMetrics:
         self.recommended_threshold = Gauge(
             RECOMMENDED_THRESHOLD,
             "The prefill threshold the diagnosis recommends (status.bottleneck.recommendedThresholdTokens)",
+            POOL_LABELS,
+            registry=r,
+        )
+        self.rollout = Gauge(
+            ROLLOUT_IN_PROGRESS,
+            "1 while a coordinated rollout of both engine pools to a new KV-compatibility revision runs",
+            POOL_LABELS,
+            registry=r,
+        )
+        self.rollout_updated = Gauge(
+            ROLLOUT_UPDATED_REPLICAS,
+            "Engine pods at the revision being rolled out (status.rollout.<role>.updatedReplicas)",
+            ROLE_LABELS,
+            registry=r,
+        )
+        self.rollout_progress = Gauge(
+            ROLLOUT_LAST_PROGRESS,
+            "When the rollout last moved a pod to its revision, or began (status.rollout.lastProgressTime)",
             POOL_LABELS,
             registry=r,
         )
@@ -211,7 +233,7 @@ class OperatorMetrics:
         for metric in (
             self.observed, self.target, self.replicas, self.desired, self.ready, self.recommended,
             self.decision, self.limited, self.degraded, self.bottleneck, self.recommended_threshold,
-            self.reconciles,
+            self.reconciles, self.rollout, self.rollout_updated, self.rollout_progress,
         ):  # fmt: skip
             metric.remove_by_labels({"namespace": namespace, "pool": pool})
 
@@ -233,6 +255,7 @@ def record_status(metrics: OperatorMetrics, namespace: str, pool: str, status: M
         return true("ScalingLimited") and (role in named or not named)
 
     metrics.degraded.labels(namespace, pool).set(1 if true("Degraded") else 0)
+    record_rollout(metrics, namespace, pool, status.get("rollout"))
     bottleneck = status.get("bottleneck")
     if isinstance(bottleneck, Mapping):
         threshold = bottleneck.get("recommendedThresholdTokens")
@@ -260,3 +283,22 @@ def record_status(metrics: OperatorMetrics, namespace: str, pool: str, status: M
             degraded=true("Degraded"),
             recommended=figures.get("recommendedReplicas"),
         )
+
+
+def record_rollout(metrics: OperatorMetrics, namespace: str, pool: str, rollout: Any) -> None:
+    """status.rollout: in progress or not, pods moved per role, and when it last moved (series removed when
+    none runs, so an alert on a stalled rollout cannot fire on a stale figure)."""
+    if not isinstance(rollout, Mapping):
+        metrics.rollout.labels(namespace, pool).set(0)
+        metrics.rollout_progress.remove_by_labels({"namespace": namespace, "pool": pool})
+        metrics.rollout_updated.remove_by_labels({"namespace": namespace, "pool": pool})
+        return
+    metrics.rollout.labels(namespace, pool).set(1)
+    for role in ROLES:
+        figures = rollout.get(role)
+        if isinstance(figures, Mapping):
+            metrics.rollout_updated.labels(namespace, pool, role).set(int(figures.get("updatedReplicas", 0)))
+    progressed = rollout.get("lastProgressTime")
+    if isinstance(progressed, str):
+        moment = datetime.strptime(progressed, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        metrics.rollout_progress.labels(namespace, pool).set(moment.timestamp())
