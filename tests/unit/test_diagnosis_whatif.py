@@ -22,6 +22,7 @@ from inferencepool.sim import workload
 from inferencepool.sim.cluster import ClusterSim, Scenario, ScenarioResult, simulate
 from inferencepool.sim.pool import deployed_scenario, load_pool
 from inferencepool.sim.report import Slo, summarize
+from inferencepool.sim.scrape import histogram_of
 
 pytestmark = pytest.mark.sim  # the what-if replays traces through the simulator
 
@@ -75,7 +76,7 @@ def sim_window(
         ttft = itl = None
         counters: dict[str, float] = {}
         for replica in replicas:
-            a, b = replica.ttft.scrape(), replica.itl.scrape()
+            a, b = histogram_of(replica.ttft), histogram_of(replica.itl)
             ttft, itl = (a, b) if ttft is None or itl is None else (ttft.plus(a), itl.plus(b))
             stats = replica.core.stats
             for name, value in (

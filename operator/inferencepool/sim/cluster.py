@@ -74,7 +74,7 @@ from inferencepool.router.threshold import SampleWindow, adapt
 from inferencepool.scheduling.decider import Route
 from inferencepool.sim.network import Network
 from inferencepool.sim.router import SimRouter
-from inferencepool.sim.scrape import Scrape
+from inferencepool.sim.scrape import Scrape, histogram_of
 from inferencepool.sim.workload import TraceRequest, prompt_ids
 
 REJECTED = "rejected"  # longer than max_model_len: the engine answers 400 and nothing runs
@@ -269,11 +269,6 @@ class RequestRecord:
     @property
     def completed(self) -> bool:
         return self.error is None and self.route != REJECTED and self.tokens_received == self.output_tokens
-
-
-def _histogram(counts: LatencyCounts) -> Histogram:
-    """A replica's histogram as the latency rule's runner reads it from the page."""
-    return Histogram(counts.bounds, tuple(float(c) for c in itertools.accumulate(counts.counts)), counts.sum)
 
 
 @dataclass(eq=False)
@@ -957,7 +952,8 @@ class ClusterSim:
         ready = [r for r in members if r.ready(self.now)]
         window = self.windows[role]
         for replica in ready:  # the runner scrapes the pool's ready pods
-            window.add(replica.name, self.now, _histogram(replica.ttft if role == "prefill" else replica.itl))
+            latency = replica.ttft if role == "prefill" else replica.itl
+            window.add(replica.name, self.now, histogram_of(latency))
         window.keep_only({r.name for r in ready})
         change = window.delta(self.now, settings.window_seconds)
         if change is None:

@@ -8,8 +8,8 @@ Every setting comes from the operator's own mapping, not a second reading of the
   default would exceed it), the tensor-parallel size, `max_model_len()`;
 - the replicas: `PoolSpec.initial_replicas` (what the operator creates the pool with), a Colocated pool
   serving from its decode pool alone;
-- autoscaling: `autoscaler.planner_spec.planner_settings` for policy Planner (bounds, targets, ratio, GPU budget),
-  the pools' own `Autoscaling` for policy Latency;
+- autoscaling: `autoscaler.planner_spec.planner_settings` for policy Planner (bounds, targets, ratio, GPU
+  budget), the pools' own `Autoscaling` for policy Latency;
 - LMCache: the kvCache block (the CPU tier per pod, p2p).
 """
 

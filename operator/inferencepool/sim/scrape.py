@@ -11,6 +11,7 @@ client-observed time to first token by route. Pages are text, parsed by the oper
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -18,7 +19,7 @@ from prometheus_client import generate_latest
 
 from inferencepool.api.v1alpha1 import POOL_ROLES, PoolRole
 from inferencepool.autoscaler.feed import PoolFeed, RolePages, observation
-from inferencepool.autoscaler.histogram import parse_page
+from inferencepool.autoscaler.histogram import Histogram, parse_page
 from inferencepool.autoscaler.planner import Observation
 from inferencepool.engine_sim.core import EngineCore
 from inferencepool.engine_sim.metrics import EnginePage, LatencyCounts
@@ -43,6 +44,11 @@ class Engine(Protocol):
     def itl(self) -> LatencyCounts: ...
     @property
     def tpot(self) -> LatencyCounts: ...
+
+
+def histogram_of(counts: LatencyCounts) -> Histogram:
+    """An engine's latency histogram as a reader of its page gets it (cumulative buckets and the sum)."""
+    return Histogram(counts.bounds, tuple(float(c) for c in itertools.accumulate(counts.counts)), counts.sum)
 
 
 class Scrape:
