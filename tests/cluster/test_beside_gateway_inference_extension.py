@@ -16,15 +16,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 import yaml
-from tests.cluster.operator_fixtures import (
-    admin_kube,
-    crd_installed,
-    example,
-    get_pool,
-    kubectl_ok,
-    operator,
-    operator_kubeconfig,
-)
+from tests.cluster.kube_helpers import example, get_pool, kubectl_ok
 from tests.support.cluster import eventually
 
 from inferencepool.api import labels
@@ -33,8 +25,6 @@ from inferencepool.kube import Kube
 
 if TYPE_CHECKING:
     from tests.support.cluster import TestCluster
-
-__all__ = ["admin_kube", "crd_installed", "operator", "operator_kubeconfig"]
 
 ROOT = Path(__file__).resolve().parents[2]
 GIE_CRD = Path("reference/gie/inference.networking.k8s.io_inferencepools.yaml")

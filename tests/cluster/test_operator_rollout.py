@@ -24,16 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tests.cluster.operator_fixtures import (
-    admin_kube,
-    crd_installed,
-    event_reasons,
-    example,
-    get_pool,
-    kubectl_ok,
-    operator,
-    operator_kubeconfig,
-)
+from tests.cluster.kube_helpers import event_reasons, example, get_pool, kubectl_ok
 from tests.support.cluster import eventually
 
 from inferencepool.api import labels
@@ -44,8 +35,6 @@ from inferencepool.kube import Kube
 
 if TYPE_CHECKING:
     from tests.support.cluster import TestCluster
-
-__all__ = ["admin_kube", "crd_installed", "operator", "operator_kubeconfig"]
 
 POOL = "upgrade"
 REPLICAS = 2  # per pool
