@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from inferencepool.engine_sim.timing import ideal_prefill_time
 from tests.cluster.kube_helpers import (
     ROOT,
     example,
@@ -31,6 +30,7 @@ from inferencepool.api.pods import http_url, is_ready
 from inferencepool.controller.context import OperatorContext
 from inferencepool.kube import Kube
 from inferencepool.perf.profiles import get_profile
+from inferencepool.perf.timing import ideal_prefill_time
 
 if TYPE_CHECKING:
     from tests.support.cluster import TestCluster
