@@ -162,3 +162,50 @@ def test_refuses_what_it_cannot_run(argv: list[str], message: str) -> None:
 def test_engine_settings_round_trip_through_json() -> None:
     engine = CpuEngine(venv="/v", model="/m", kv_cache_gib=2, nixl_delay_us=500)
     assert CpuEngine.from_json(engine.to_json()) == engine
+
+
+@pytest.mark.parametrize(
+    ("available", "in_use", "count", "expected"),
+    [
+        ((0, 1), (), 1, (0,)),
+        ((0, 1), (0,), 1, (1,)),
+        ((0, 1), (0, 1), 1, (0,)),
+        ((0, 1), (1, 1, 0), 1, (0,)),
+        ((0, 1, 2, 3), (0, 1), 2, (2, 3)),
+        ((0, 1), (5,), 1, (0,)),
+    ],
+)
+def test_each_new_engine_gets_the_least_used_cores(
+    available: tuple[int, ...], in_use: tuple[int, ...], count: int, expected: tuple[int, ...]
+) -> None:
+    assert vllm_cpu.pick_cores(available, in_use, count) == expected
+
+
+def test_the_operators_vllm_image_runs_only_in_the_engine_mode() -> None:
+    container = operator_container("demo-vllm-cpu.yaml", "decode")
+    pod = {
+        "metadata": {"name": "demo-decode-0", "namespace": "prod", "uid": "u-1"},
+        "spec": {"containers": [container], "volumes": [{"name": "dshm"}, {"name": "model-cache"}]},
+        "status": {"phase": "Running", "podIP": POD_IP},
+    }
+    assert not podspec.runs_locally(pod)
+    assert podspec.runs_locally(pod, real_engine=True)
+
+    class NoObjects:
+        def config_map(self, namespace: str, name: str) -> None:
+            return None
+
+        def secret(self, namespace: str, name: str) -> None:
+            return None
+
+    args = (pod, "/venv/bin/python", NoObjects(), {"PATH": "/usr/bin"}, "/state/kubeconfig", "/state/u-1")
+    assert podspec.plan_pod(*args).containers == ()
+    plan = podspec.plan_pod(*args, ENGINE, (1,))
+    (engine,) = plan.containers
+    assert engine.argv[:3] == ("/repo/.venv-vllm/bin/vllm", "serve", "/models/tiny")
+    assert flag(engine.argv, "--host") == POD_IP and engine.port == 8000
+    assert engine.probe == podspec.Probe("http", 8000, "/health")
+    assert engine.env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    # HF_HOME is the pod's model-cache volume, relocated to the pod's own folder as for any volume.
+    assert engine.env["HF_HOME"] == "/state/u-1/model-cache"
+    assert [change.name for change in engine.changes][:2] == ["argv[0]", "model"]

@@ -30,6 +30,9 @@ IMAGE_SUFFIX = "vllm-openai"
 # NIXL progress-thread delay brings an idle P/D engine from a whole core to 3-4 %.
 DEFAULT_KV_CACHE_GIB = 1
 DEFAULT_NIXL_DELAY_US = 1000
+# A real engine holds ~4.2 GiB (API server, engine core and worker each import torch); the runner starts no
+# more than this many at once, so a pool scaled past what the machine holds waits instead of swapping.
+DEFAULT_MAX_ENGINES = 3
 
 
 class TranslationError(ValueError):
@@ -44,9 +47,14 @@ class CpuEngine:
     model: str
     kv_cache_gib: int = DEFAULT_KV_CACHE_GIB
     nixl_delay_us: int = DEFAULT_NIXL_DELAY_US
+    max_engines: int = DEFAULT_MAX_ENGINES
+
+    @property
+    def binary(self) -> str:
+        return os.path.join(self.venv, "bin", "vllm")
 
     def to_json(self) -> str:
-        return json.dumps(self.__dict__, sort_keys=True)
+        return json.dumps(self.__dict__, sort_keys=True) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> CpuEngine:
@@ -56,7 +64,20 @@ class CpuEngine:
             model=str(data["model"]),
             kv_cache_gib=int(data.get("kv_cache_gib", DEFAULT_KV_CACHE_GIB)),
             nixl_delay_us=int(data.get("nixl_delay_us", DEFAULT_NIXL_DELAY_US)),
+            max_engines=int(data.get("max_engines", DEFAULT_MAX_ENGINES)),
         )
+
+
+def pick_cores(available: Sequence[int], in_use: Sequence[int], count: int = 1) -> tuple[int, ...]:
+    """The `count` cores that the fewest running engines are bound to (lowest number first on a tie)."""
+    if not available:
+        raise TranslationError("no CPU core to bind the engine to")
+    load = {core: 0 for core in available}
+    for core in in_use:
+        if core in load:
+            load[core] += 1
+    ranked = sorted(available, key=lambda core: (load[core], core))
+    return tuple(sorted(ranked[: max(1, min(count, len(ranked)))]))
 
 
 @dataclass(frozen=True)
@@ -196,9 +217,8 @@ def translate(
     changes: list[Change] = []
     args = list(argv)
 
-    binary = os.path.join(engine.venv, "bin", "vllm")
-    changes.append(Change("argv[0]", args[0], binary, WHY_BINARY))
-    args[0] = binary
+    changes.append(Change("argv[0]", args[0], engine.binary, WHY_BINARY))
+    args[0] = engine.binary
 
     model_index = _positional_model_index(args)
     if model_index < 0:
