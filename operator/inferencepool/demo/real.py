@@ -8,6 +8,7 @@ took from an external KV transfer, read from its /metrics before and after the l
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import urllib.request
@@ -40,15 +41,18 @@ EVIDENCE: tuple[tuple[str, str, dict[str, str]], ...] = (
 )
 
 
-def prepare(venv: Path = VENV, model: Path = MODEL_DIR, say: Callable[[str], None] = print) -> CpuEngine:
-    """The engine mode for the demo: the real engine's venv must exist; the tiny model is made if missing."""
+def prepare(
+    namespace: str, venv: Path = VENV, model: Path = MODEL_DIR, say: Callable[[str], None] = print
+) -> CpuEngine:
+    """The engine mode for the demo's namespace: the real engine's venv must exist; the tiny model is made
+    if missing."""
     if not (model / "config.json").is_file():
         say(f"making the tiny test model in {model} (inferencepool model tiny; seeded, no download)")
         command = [sys.executable, "-m", "inferencepool", "model", "tiny", "--out", str(model)]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise RuntimeError(f"inferencepool model tiny failed: {(result.stderr or result.stdout).strip()}")
-    return engine_mode(venv, model)
+    return dataclasses.replace(engine_mode(venv, model), namespaces=(namespace,))
 
 
 def sample_values(text: str) -> dict[str, float]:

@@ -300,10 +300,10 @@ def run(args: argparse.Namespace) -> int:
     on_vllm = args.engine == "vllm"
     pool_file = args.pool_file or (real.POOL_FILE if on_vllm else DEFAULT_POOL_FILE)
     timeout = args.timeout or (real.READY_TIMEOUT_SECONDS if on_vllm else DEFAULT_TIMEOUT_SECONDS)
-    engine = real.prepare(say=say) if on_vllm else None
     pool_doc = yaml.safe_load(pool_file.read_text())
     pool_name = pool_doc["metadata"]["name"]
     namespace = pool_doc["metadata"].get("namespace", "default")
+    engine = real.prepare(namespace, say=say) if on_vllm else None
     model = pool_doc["spec"]["model"].get("servedName") or pool_doc["spec"]["model"]["name"]
     state_dir = (args.state_dir or default_state_dir()).absolute()
 
