@@ -28,7 +28,7 @@ async def token_count(engine: RealEngine, model: str, prompt: str) -> int:
 async def prompt_of(fleet: Fleet, tokens: int) -> str:
     """A completion prompt of exactly `tokens` tokens as the engine counts them (BOS included), starting
     with a word no other prompt of the run starts with (so no prefix is cached anywhere)."""
-    engine, model = fleet.decodes[0], fleet.served_name
+    engine, model = next(e for e in fleet.decodes if e.alive()), fleet.served_name
     head = f"Case{next(_unique)}x{time.monotonic_ns()} says"
     base = await token_count(engine, model, head)
     unit = await token_count(engine, model, head + " the") - base
