@@ -141,6 +141,12 @@ def _print_status(state_dir: Path) -> int:
         all_healthy = all_healthy and row.alive and row.healthy is not False
         print(f"{row.name:<24} {state:<10} pid {row.pid if row.pid else '-'}")
     print(f"state: {state_dir}")
+    from inferencepool.cluster.runner import read_engine
+
+    engine = read_engine(Layout(state_dir).engine_file)
+    if engine is not None:
+        scope = ", ".join(engine.namespaces) or "all namespaces"
+        print(f"engine mode: vLLM pods run as `{engine.binary} serve {engine.model}` ({scope})")
     if all_healthy:
         print(f"kubeconfig: {Layout(state_dir).kubeconfig}")
     return 0 if all_healthy else 1
