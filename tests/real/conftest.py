@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.support.real_engines import venv_problem
 
 from inferencepool.model.tiny import write_tiny_model
+from tests.support.real_engines import venv_problem
 
 REAL_TESTS = Path(__file__).parent
 

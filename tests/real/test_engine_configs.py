@@ -15,15 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.contract.pools import POOLS
-from tests.support.real_engines import VENV
-from tests.unit.builders_examples import load_pool
 
 from inferencepool.api.v1alpha1 import POOL_ROLES, InferencePool
 from inferencepool.builders import pool_children
 from inferencepool.builders.engine import SHUTDOWN_TIMEOUT_SECONDS
 from inferencepool.builders.kvtransfer import KV_LEASE_SECONDS, kv_transfer_config
 from inferencepool.cluster import podspec, vllm_cpu
+from tests.contract.pools import POOLS
+from tests.support.real_engines import VENV
+from tests.unit.builders_examples import load_pool
 
 CHECK = Path(__file__).with_name("vllm_config_check.py")
 POD_IP = "127.9.0.2"

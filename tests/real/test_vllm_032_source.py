@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from inferencepool.api.v1alpha1 import PoolRole
 from tests.contract.conftest import released_wheel
 from tests.contract.test_vllm_serve import command_lines, parse_flags, registered_connectors
 from tests.contract.vllm_source import (
@@ -19,8 +21,6 @@ from tests.contract.vllm_source import (
     serve_flags,
 )
 from tests.support.real_engines import VENV
-
-from inferencepool.api.v1alpha1 import PoolRole
 
 NIXL_MODULES = "vllm/distributed/kv_transfer/kv_connector/v1/nixl/"
 # Where 0.32 keeps what 0.33 moved (the `vllm serve` parser's module).

@@ -12,13 +12,13 @@ from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
-from tests.http.router_harness import RunningRouter, running_router
-from tests.support.real_engines import Fleet, RealEngine
 
 from inferencepool.builders.common import PoolRef
 from inferencepool.builders.router import router_config
 from inferencepool.router.config import RouterConfig
 from inferencepool.router.tokens import load_counter
+from tests.http.router_harness import RunningRouter, running_router
+from tests.support.real_engines import Fleet, RealEngine
 
 TIMEOUT = aiohttp.ClientTimeout(total=600)
 

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.support.real_engines import Fleet, adopt_fleet, plan_fleet, post_json, wait_healthy
 
 from inferencepool.builders.engine import HTTP_PORT
+from tests.support.real_engines import Fleet, adopt_fleet, plan_fleet, post_json, wait_healthy
 
 HERE = Path(__file__).parent
 LAST = ("test_failures.py",)

@@ -16,12 +16,11 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+from inferencepool.engine_sim.profiles import get_profile
+from inferencepool.engine_sim.tokenizer import HFTokenizer
 from tests.real.engines.client import Answer, call, metric_families
 from tests.support.engines import RunningEngine, running_engine
 from tests.support.real_engines import Fleet
-
-from inferencepool.engine_sim.profiles import get_profile
-from inferencepool.engine_sim.tokenizer import HFTokenizer
 
 PD_PROMPT = "The prefill engine computes this prompt and the decode engine reads its KV. " * 30
 
@@ -173,8 +172,22 @@ async def test_fake_engine_answers_in_vllms_shapes(fleet: Fleet) -> None:
             on_prefill = name.startswith("prefill")
             fake = await call((fake_prefill if on_prefill else fake_decode).url, path, body)
             vllm = await call((fleet.prefill if on_prefill else real).url, path, body)
-            for difference in differences(answer_shape(fake), answer_shape(vllm)):
-                found[(name, difference.split(":")[0])] = difference
+            pairs = [(name, fake, vllm)]
+            if on_prefill:
+                # The decode leg, each side with its own prefill leg's kv_transfer_params (it reads the KV, so
+                # none is left held on the prefill engine).
+                legs = [
+                    await call(
+                        engine.url,
+                        path,
+                        {**body, "max_tokens": 4, "kv_transfer_params": leg.body["kv_transfer_params"]},
+                    )
+                    for engine, leg in ((fake_decode, fake), (real, vllm))
+                ]
+                pairs.append(("decode-leg", *legs))
+            for pair_name, fake_answer, vllm_answer in pairs:
+                for difference in differences(answer_shape(fake_answer), answer_shape(vllm_answer)):
+                    found[(pair_name, difference.split(":")[0])] = difference
     whole = {name for name, _ in found if name in KNOWN_REQUESTS}
     assert whole == set(KNOWN_REQUESTS), (
         f"listed requests that now answer alike: {set(KNOWN_REQUESTS) - whole}"

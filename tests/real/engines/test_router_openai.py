@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from tests.real.engines.client import Answer, call, router
 from tests.support.real_engines import Fleet
 
@@ -17,9 +18,13 @@ LONG = "The pool keeps shared prefixes warm on the decode engines. "
 
 def cases(model: str, max_model_len: int) -> dict[str, tuple[str, dict[str, Any]]]:
     chat = [{"role": "user", "content": "Name three prime numbers."}]
+    greedy = {"temperature": 0}  # vLLM samples at temperature 1 by default: two answers would differ
     too_long = LONG * (max_model_len // 8)  # ~12 tokens a sentence: well over the limit
     return {
-        "completion": ("/v1/completions", {"model": model, "prompt": "Once upon a time", "max_tokens": 12}),
+        "completion": (
+            "/v1/completions",
+            {"model": model, "prompt": "Once upon a time", "max_tokens": 12, **greedy},
+        ),
         "completion-stream-usage": (
             "/v1/completions",
             {
@@ -28,16 +33,17 @@ def cases(model: str, max_model_len: int) -> dict[str, tuple[str, dict[str, Any]
                 "max_tokens": 12,
                 "stream": True,
                 "stream_options": {"include_usage": True},
+                **greedy,
             },
         ),
-        "chat": ("/v1/chat/completions", {"model": model, "messages": chat, "max_tokens": 12}),
+        "chat": ("/v1/chat/completions", {"model": model, "messages": chat, "max_tokens": 12, **greedy}),
         "chat-stream": (
             "/v1/chat/completions",
-            {"model": model, "messages": chat, "max_tokens": 12, "stream": True},
+            {"model": model, "messages": chat, "max_tokens": 12, "stream": True, **greedy},
         ),
         "stop": (
             "/v1/completions",
-            {"model": model, "prompt": "Once upon a time", "max_tokens": 30, "stop": [" the", "e"]},
+            {"model": model, "prompt": "Once upon a time", "max_tokens": 30, "stop": [" the", "e"], **greedy},
         ),
         "n-seeded": (
             "/v1/completions",
