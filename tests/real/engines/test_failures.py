@@ -133,9 +133,10 @@ async def test_decode_engine_killed_mid_stream_is_resumed_with_the_unkilled_answ
     print(f"\n[resume on real engines] {report}; router: resumed {resumed:g}, broken {broken:g}")
     assert resumed >= 1 and broken == 0
     for (text, done, errors, before_kill), want in zip(answers, expected, strict=True):
-        # Every client got one clean answer whose text up to the kill is the unkilled answer's, and then more.
+        # Every client got one clean answer whose text up to the kill is the unkilled answer's (a stream on
+        # the other engine may have finished before the kill: then all of it).
         assert done and not errors
-        assert want.startswith(before_kill) and text.startswith(before_kill) and len(text) > len(before_kill)
+        assert want.startswith(before_kill) and text.startswith(before_kill)
     # Token-exact continuation is not guaranteed (docs/engine-contract.md, section 8): the continuation
     # re-tokenizes the text so far, which BPE may split differently from the tokens the engine generated.
     assert report.count("whole") >= 1
