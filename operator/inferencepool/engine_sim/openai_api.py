@@ -23,8 +23,6 @@ from inferencepool.engine_sim.httputil import json_response
 if TYPE_CHECKING:
     from inferencepool.engine_sim.server import FakeEngine
 
-VLLM_VERSION = "0.33.0"  # the vLLM release whose API this fake reproduces
-
 
 @dataclass
 class Stream:
@@ -59,7 +57,7 @@ class OpenAIApi:
     async def _version(self, request: web.Request) -> web.Response:
         return json_response(
             {
-                "version": VLLM_VERSION,
+                "version": protocol.VLLM_VERSION,
                 "fake_engine": {
                     "inferencepool": __version__,
                     "profile": self.engine.config.profile.name,
@@ -221,6 +219,7 @@ class OpenAIApi:
                     self.engine.config.side_channel_host,
                     self.engine.side_channel_port or self.engine.config.side_channel_port,
                     self.engine.config.profile.tensor_parallel,
+                    event.kv_hold.prompt_tokens,
                 )
             elif req.ret_first_tok:
                 kv_params = {"first_tok": self._first_token_id(req)}  # LMCache's request_finished
