@@ -29,7 +29,7 @@ $(VLLM_STAMP): | $(STAMP)
 # The whole product on this machine (~3 minutes once the control plane is built); the load step's plot goes to
 # out/demo/load-step.png. `make demo DEMO_ARGS=--keep` leaves it running, with a Prometheus scraping the pool.
 DEMO_ARGS ?=
-demo: $(STAMP)
+demo: $(STAMP) $(if $(findstring vllm,$(DEMO_ARGS)),real-engine)
 	$(BIN)/inferencepool demo $(DEMO_ARGS)
 
 # Debian packages the tests run for real: a Prometheus server and promtool (dashboards, alerts), Lua (the Argo CD
