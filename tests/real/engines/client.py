@@ -46,6 +46,63 @@ class Answer:
         return str(choice["text"] if "text" in choice else choice["message"]["content"])
 
 
+def shape(value: Any) -> Any:
+    """Keys and JSON types, recursively; a list is the set of its items' shapes."""
+    if isinstance(value, dict):
+        return {key: shape(item) for key, item in sorted(value.items())}
+    if isinstance(value, list):
+        shapes = {json.dumps(shape(item), sort_keys=True) for item in value}
+        return [json.loads(s) for s in sorted(shapes)]
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if value is None:
+        return "null"
+    return "string"
+
+
+def paths(value: Any, where: str = "") -> dict[str, set[str]]:
+    """Leaf path -> the JSON types seen there."""
+    if isinstance(value, dict):
+        found: dict[str, set[str]] = {}
+        for key, item in value.items():
+            for path, kinds in paths(item, f"{where}.{key}").items():
+                found.setdefault(path, set()).update(kinds)
+        return found
+    if isinstance(value, list):
+        found = {}
+        for item in value:
+            for path, kinds in paths(item, f"{where}[]").items():
+                found.setdefault(path, set()).update(kinds)
+        return found or {f"{where}[]": {"empty"}}
+    return {where: {shape(value)}}
+
+
+def stream_shape(events: list[Any]) -> dict[str, Any]:
+    """A stream by kind of event: the chat role opening, the token events merged (how many tokens vLLM
+    puts in one event depends on timing, and a completion's finish may come in an event of its own), the
+    usage event, the end."""
+    kinds: dict[str, dict[str, set[str]]] = {}
+    for event in events:
+        if not isinstance(event, dict):
+            kind = "end"
+        elif "usage" in event:
+            kind = "usage"
+        elif any("role" in (c.get("delta") or {}) for c in event.get("choices", [])):
+            kind = "role"
+        else:
+            kind = "tokens"
+        for path, found in (paths(event) if isinstance(event, dict) else {"": {event}}).items():
+            kinds.setdefault(kind, {}).setdefault(path, set()).update(found)
+    # Token events by their fields only: whether one carries the finish (a string where the others have null)
+    # is timing too.
+    return {
+        kind: {path: [] if kind == "tokens" else sorted(types) for path, types in merged.items()}
+        for kind, merged in kinds.items()
+    }
+
+
 async def call(
     base: str, path: str, body: Mapping[str, Any], headers: Mapping[str, str] | None = None
 ) -> Answer:
