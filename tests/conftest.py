@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from tests.support.cluster import TestCluster
 
 TESTS = Path(__file__).parent
-TIERS = ("unit", "contract", "fuzz", "http", "cluster")
+TIERS = ("unit", "contract", "fuzz", "http", "cluster", "real")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("inferencepool.controller.cli", "run the operator against the current kubeconfig"),
     "router": ("inferencepool.router.cli", "run the prefill/decode router"),
     "fake-engine": ("inferencepool.engine_sim.cli", "run a CPU-only stand-in for a vLLM engine"),
+    "model": ("inferencepool.model.cli", "write a tiny model that real vLLM serves on a CPU (no download)"),
     "bench": ("inferencepool.bench.cli", "run a benchmark and print ratios against its baseline"),
     "sim": ("inferencepool.sim.cli", "compare colocated, P/D, LengthAware and autoscaled pools on a trace"),
     "diagnose": ("inferencepool.diagnose.cli", "say which phase limits a pool, why, and the fix that fits"),

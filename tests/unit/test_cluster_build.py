@@ -239,3 +239,15 @@ def test_pod_ranges_are_leased_one_per_running_cluster(
     # Once `first` stops, its range is free again.
     first.pid_file("etcd").unlink()
     assert controlplane.claim_pod_octet(second, preferred=octet) == octet
+
+
+def test_a_cluster_still_starting_keeps_its_pod_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(controlplane, "_leases_dir", lambda: tmp_path / "leases")
+    first, second = components.Layout(tmp_path / "a"), components.Layout(tmp_path / "b")
+    # `up` on `first` holds its lock from the claim until its components run; none is running yet.
+    with controlplane._locked(first.lock):
+        octet = controlplane.claim_pod_octet(first, preferred=None)
+        assert controlplane.claim_pod_octet(second, preferred=None) != octet
+    assert controlplane.claim_pod_octet(second, preferred=octet) == octet

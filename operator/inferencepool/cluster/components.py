@@ -99,6 +99,11 @@ class Layout:
         return self.root / "runner"
 
     @property
+    def engine_file(self) -> Path:
+        """The runner's engine mode (vllm_cpu.CpuEngine as JSON); absent: vLLM's image is left to kwok."""
+        return self.runner / "engine.json"
+
+    @property
     def lock(self) -> Path:
         return self.root / "lock"
 

@@ -92,7 +92,24 @@ def _leases_dir() -> Path:
 
 
 def _lease_holder_running(holder: Path) -> bool:
-    return any(running_components(Layout(holder)).values())
+    """Running, or starting: `up` holds the state directory's lock from claiming the range until its
+    components run, so clusters started at once (say, all waiting on one build) never share a range."""
+    layout = Layout(holder)
+    return any(running_components(layout).values()) or _lock_held(layout.lock)
+
+
+def _lock_held(path: Path) -> bool:
+    try:
+        handle = path.open("r")
+    except OSError:
+        return False
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
 
 
 def claim_pod_octet(layout: Layout, preferred: int | None) -> int:

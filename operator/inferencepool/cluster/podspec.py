@@ -9,6 +9,9 @@ them, but under a per-pod local folder instead of the container's own filesystem
 path): ConfigMap and Secret volumes become files, other volumes empty folders, and every argument or env
 value that names a path under a mountPath is rewritten to the local folder. Pods with no such container are
 simulated by kwok alone.
+
+In the engine mode (`engine` given to plan_pod: `cluster up --engine vllm`), containers of the operator's vLLM
+image run too, as a real `vllm serve` on this machine's CPUs: vllm_cpu.translate names every change.
 """
 
 from __future__ import annotations
@@ -19,11 +22,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from inferencepool.cluster import vllm_cpu
+
 LOCAL_IMAGE_SUFFIXES = ("fake-engine", "router")
 # ENTRYPOINT and CMD of images/<component>/Dockerfile, for containers that leave `command` or `args` unset.
 IMAGE_DEFAULTS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "fake-engine": (("vllm", "serve"), ()),
     "router": (("inferencepool",), ("router", "--host", "0.0.0.0", "--port", "8000")),
+    # vLLM's own image (docker/Dockerfile, target vllm-openai)
+    vllm_cpu.IMAGE_SUFFIX: (("vllm", "serve"), ()),
 }
 DEFAULT_GRACE_SECONDS = 30
 # Variables a kubelet would set that must not leak in: with them, clients try in-cluster config, which has no
@@ -72,6 +79,8 @@ class ContainerPlan:
     port: int
     probe: Probe
     volumes: tuple[VolumeFiles, ...] = ()
+    # What the engine mode changed from the container the operator wrote, for the pod's log.
+    changes: tuple[vllm_cpu.Change, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -96,13 +105,16 @@ def image_repository(image: str) -> str:
     return name[:colon] if colon > slash else name
 
 
-def local_image_kind(image: str) -> str | None:
+def local_image_kind(image: str, real_engine: bool = False) -> str | None:
+    """Which of the runnable images this is; vLLM's own only in the engine mode."""
     repository = image_repository(image)
-    return next((suffix for suffix in LOCAL_IMAGE_SUFFIXES if repository.endswith(suffix)), None)
+    suffixes = (*LOCAL_IMAGE_SUFFIXES, vllm_cpu.IMAGE_SUFFIX) if real_engine else LOCAL_IMAGE_SUFFIXES
+    return next((suffix for suffix in suffixes if repository.endswith(suffix)), None)
 
 
-def runs_locally(pod: Mapping[str, Any]) -> bool:
-    return any(local_image_kind(c.get("image", "")) for c in pod.get("spec", {}).get("containers", []))
+def runs_locally(pod: Mapping[str, Any], real_engine: bool = False) -> bool:
+    containers = pod.get("spec", {}).get("containers", [])
+    return any(local_image_kind(c.get("image", ""), real_engine) for c in containers)
 
 
 def expand_references(text: str, env: Mapping[str, str]) -> str:
@@ -362,13 +374,27 @@ def plan_container(
     base_env: Mapping[str, str],
     kubeconfig: str,
     volumes: Mapping[str, VolumeFiles],
+    engine: vllm_cpu.CpuEngine | None = None,
+    cores: Sequence[int] = (),
 ) -> ContainerPlan:
     name = container.get("name", "")
     ip = pod["status"]["podIP"]
     mounts = mount_table(container, volumes)
     pod_env = {key: relocate(value, mounts) for key, value in resolve_env(pod, container, lookup).items()}
     argv = [relocate(expand_references(arg, pod_env), mounts) for arg in container_argv(container, kind)]
-    local = with_flag(local_command(argv, python, name), "--host", ip)
+    env = process_env(base_env, pod_env, kubeconfig)
+    changes: tuple[vllm_cpu.Change, ...] = ()
+    if kind == vllm_cpu.IMAGE_SUFFIX:
+        if engine is None:
+            raise PlanError(f"container {name!r}: vLLM's image runs only in the runner's engine mode")
+        try:
+            command = vllm_cpu.translate(argv, env, engine, cores, ip)
+        except vllm_cpu.TranslationError as error:
+            raise PlanError(f"container {name!r}: {error}") from error
+        argv, env, changes = list(command.argv), dict(command.env), command.changes
+        local = with_flag(argv, "--host", ip)
+    else:
+        local = with_flag(local_command(argv, python, name), "--host", ip)
     declared = _flag_value(local, "--port")
     if declared is not None:
         if not declared.isdigit():
@@ -383,10 +409,11 @@ def plan_container(
     return ContainerPlan(
         name=name,
         argv=tuple(local),
-        env=process_env(base_env, pod_env, kubeconfig),
+        env=env,
         port=port,
         probe=readiness_probe(container, port),
         volumes=tuple(volumes[m["name"]] for m in container.get("volumeMounts", [])),
+        changes=changes,
     )
 
 
@@ -397,10 +424,13 @@ def plan_pod(
     base_env: Mapping[str, str],
     kubeconfig: str,
     volume_root: str,
+    engine: vllm_cpu.CpuEngine | None = None,
+    cores: Sequence[int] = (),
 ) -> PodPlan:
     """The processes a Running pod with an IP needs; `containers` is empty for a pod kwok alone simulates.
 
-    `volume_root` is the pod's own local folder for its volumes (see the module docstring).
+    `volume_root` is the pod's own local folder for its volumes (see the module docstring). `engine`: the
+    engine mode's real vLLM, whose processes of this pod bind to `cores`.
     """
     metadata, spec, status = pod["metadata"], pod.get("spec", {}), pod.get("status", {})
     ip = status.get("podIP")
@@ -409,10 +439,12 @@ def plan_pod(
     volumes = pod_volumes(pod, lookup, volume_root)
     containers = []
     for container in spec.get("containers", []):
-        kind = local_image_kind(container.get("image", ""))
+        kind = local_image_kind(container.get("image", ""), engine is not None)
         if kind is not None:
             containers.append(
-                plan_container(pod, container, kind, python, lookup, base_env, kubeconfig, volumes)
+                plan_container(
+                    pod, container, kind, python, lookup, base_env, kubeconfig, volumes, engine, cores
+                )
             )
     grace = spec.get("terminationGracePeriodSeconds")
     return PodPlan(

@@ -8,6 +8,11 @@ process exits the annotation is removed (the pod goes NotReady) and, unless rest
 restarted with backoff. When a pod is deleted the runner sends SIGTERM, waits for the process up to the grace
 period (SIGKILL after), then removes the annotation so kwok's pod-delete stage lets the pod go.
 
+In the engine mode (<state>/runner/engine.json, written by `cluster up --engine vllm`), pods of the operator's
+vLLM image run as real `vllm serve` (vllm_cpu.translate, every change written at the head of the pod's log),
+each bound to the core(s) the fewest running engines use, and no more than the mode's max_engines at once (the
+rest wait, with an event saying why). A real engine answers /health after minutes; the pod turns Ready then.
+
 Processes run in their own sessions and are recorded under <state>/runner/pods/<uid>.json, so a restarted
 runner adopts the ones still alive (and stops those whose pod is gone) instead of starting duplicates.
 """
@@ -35,7 +40,7 @@ from typing import Any
 
 from inferencepool.api.labels import ANNOTATION_PROCESS_READY
 from inferencepool.api.v1alpha1 import kubernetes_time
-from inferencepool.cluster import podspec, procs
+from inferencepool.cluster import podspec, procs, vllm_cpu
 from inferencepool.cluster.components import Layout
 from inferencepool.cluster.podspec import ContainerPlan, PlanError, PodPlan, Probe, VolumeFiles
 
@@ -63,6 +68,8 @@ class ManagedPod:
     ready: bool = False
     stop_deadline: float | None = None
     killed: bool = False
+    # The cores its real engine is bound to (engine mode); empty for other pods.
+    cores: tuple[int, ...] = ()
 
     def records(self) -> list[procs.ProcessRecord]:
         return [c.record for c in self.containers.values() if c.record is not None]
@@ -124,6 +131,22 @@ def probe_passes(ip: str, probe: Probe, timeout: float = 0.5) -> bool:
         return False
 
 
+def read_engine(path: Path) -> vllm_cpu.CpuEngine | None:
+    """The engine mode from its file; None when the file is absent (vLLM's image stays kwok's)."""
+    try:
+        return vllm_cpu.CpuEngine.from_json(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def write_engine(path: Path, engine: vllm_cpu.CpuEngine | None) -> None:
+    if engine is None:
+        path.unlink(missing_ok=True)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        procs.write_atomically(path, engine.to_json())
+
+
 def backoff_seconds(restarts: int) -> float:
     return float(min(MAX_BACKOFF_SECONDS, 2 ** max(0, restarts - 1)))
 
@@ -133,7 +156,9 @@ def _now_rfc3339() -> str:
 
 
 class PodRunner:
-    def __init__(self, api: Any, layout: Layout, python: str = sys.executable) -> None:
+    def __init__(
+        self, api: Any, layout: Layout, python: str = sys.executable, cpus: tuple[int, ...] | None = None
+    ) -> None:
         self.api = api
         self.layout = layout
         self.python = python
@@ -151,6 +176,7 @@ class PodRunner:
         self.last_tick = 0.0
         self.last_services = 0.0
         self.service_table: dict[str, list[str]] | None = None
+        self.cpus = cpus if cpus is not None else tuple(sorted(os.sched_getaffinity(0)))
 
     # --- talking to the API server ---
     def _annotate(self, pod: Mapping[str, Any], value: str | None) -> None:
@@ -240,6 +266,8 @@ class PodRunner:
             handle.write(
                 f"--- {_now_rfc3339()} pod {plan.key} uid {plan.uid}: {' '.join(running.plan.argv)}\n"
             )
+            for change in running.plan.changes:
+                handle.write(f"--- engine mode: {change.describe()}\n")
         write_volumes(running.plan.volumes)
         running.record = procs.spawn(running.plan.argv, log_path, env=running.plan.env)
         running.restart_at = None
@@ -341,13 +369,20 @@ class PodRunner:
             return
         if managed is not None or status.get("phase") != "Running" or not status.get("podIP"):
             return
-        if not podspec.runs_locally(pod):
+        engine = read_engine(self.layout.engine_file)
+        if engine is not None and not engine.covers(metadata["namespace"]):
+            engine = None
+        if not podspec.runs_locally(pod, engine is not None):
             if not annotated:
                 self._annotate(pod, "true")
             return
         if time.monotonic() < self.retry_at.get(uid, 0.0):
             return
+        real_engine = engine is not None and podspec.runs_locally(pod, True) and not podspec.runs_locally(pod)
+        cores: tuple[int, ...] = ()
         try:
+            if engine is not None and real_engine:
+                cores = self._engine_slot(engine)
             plan = podspec.plan_pod(
                 pod,
                 self.python,
@@ -355,6 +390,8 @@ class PodRunner:
                 self.base_env,
                 str(self.layout.kubeconfig),
                 str(self._volume_root(uid)),
+                engine,
+                cores,
             )
         except PlanError as error:
             self.retry_at[uid] = time.monotonic() + PLAN_RETRY_SECONDS
@@ -368,6 +405,22 @@ class PodRunner:
         self.retry_at.pop(uid, None)
         self.reported_errors.pop(uid, None)
         self.managed[uid] = self._adopt_or_start(pod, plan)
+        self.managed[uid].cores = cores
+
+    def _engine_slot(self, engine: vllm_cpu.CpuEngine) -> tuple[int, ...]:
+        """The cores for one more real engine, or PlanError when the mode's limit of engines is running."""
+        if not os.access(engine.binary, os.X_OK):
+            raise PlanError(f"engine mode: {engine.binary} not found (make real-engine installs it)")
+        engines = [managed for managed in self.managed.values() if managed.cores]
+        if len(engines) >= engine.max_engines:
+            raise PlanError(
+                f"engine mode: {len(engines)} real engines run already, the most this machine is given "
+                f"(max_engines {engine.max_engines}, ~4.2 GiB each); this pod waits for one to stop"
+            )
+        try:
+            return vllm_cpu.pick_cores(self.cpus, [core for m in engines for core in m.cores])
+        except vllm_cpu.TranslationError as error:
+            raise PlanError(str(error)) from error
 
     def tick(self) -> None:
         now = time.monotonic()

@@ -9,6 +9,11 @@ target), plotted into out/demo/load-step.png; then loads the pool until the oper
 latency and the bottleneck, and ends with `inferencepool diagnose` on that traffic (the evidence, and the
 simulator's what-if). Everything it started is stopped at the end unless --keep, which also starts a
 Prometheus scraping the pool and the operator (prometheus.py) when one is installed.
+
+With --engine vllm (real.py) the engines are real vLLM on this CPU instead: the local pod runner's engine mode
+runs the operator's vLLM pods with a tiny model, the long prompt's hand-off shows in the decode engine's own
+NIXL counters, and the planner and `inferencepool diagnose` read the real engines' metrics. The H100-profile
+load step and the LMCache step need the fake engine's timing model and LMCache, so they are left out.
 """
 
 from __future__ import annotations
@@ -33,18 +38,38 @@ import yaml
 
 from inferencepool.api import labels
 from inferencepool.api.pods import http_url, is_ready
+from inferencepool.demo import real
 from inferencepool.demo.p2p import run_p2p_step
 from inferencepool.demo.step import run_load_step
 
 DEFAULT_POOL_FILE = Path("examples/demo-cpu.yaml")
 DEFAULT_OUT = Path("out/demo")
+DEFAULT_TIMEOUT_SECONDS = 300.0
+SHORT_PROMPT = "Explain in one sentence why decode is memory-bound."
+LONG_PROMPT = " ".join(f"Paragraph {i} of a long design document." for i in range(600))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pool-file", type=Path, default=DEFAULT_POOL_FILE, help="InferencePool to apply")
+    parser.add_argument(
+        "--engine",
+        choices=("fake", "vllm"),
+        default="fake",
+        help="fake (default): the fake engine with an H100 timing profile; vllm: real vLLM on this CPU "
+        "(needs make real-engine; ~4.2 GiB and minutes per engine, 3 engines at most)",
+    )
+    parser.add_argument(
+        "--pool-file",
+        type=Path,
+        default=None,
+        help=f"InferencePool to apply (default {DEFAULT_POOL_FILE}, or {real.POOL_FILE} with --engine vllm)",
+    )
     parser.add_argument("--state-dir", type=Path, default=None, help="cluster state directory")
     parser.add_argument(
-        "--timeout", type=float, default=300.0, help="seconds to wait for the pool to be Ready"
+        "--timeout",
+        type=float,
+        default=None,
+        help=f"seconds to wait for the pool to be Ready (default {DEFAULT_TIMEOUT_SECONDS:g}, "
+        f"{real.READY_TIMEOUT_SECONDS:g} with --engine vllm)",
     )
     parser.add_argument(
         "--keep",
@@ -270,10 +295,15 @@ def run(args: argparse.Namespace) -> int:
     from inferencepool.cluster import controlplane
     from inferencepool.cluster.components import Layout
     from inferencepool.cluster.paths import default_state_dir, kubectl_binary
+    from inferencepool.cluster.runner import read_engine, write_engine
 
-    pool_doc = yaml.safe_load(args.pool_file.read_text())
+    on_vllm = args.engine == "vllm"
+    pool_file = args.pool_file or (real.POOL_FILE if on_vllm else DEFAULT_POOL_FILE)
+    timeout = args.timeout or (real.READY_TIMEOUT_SECONDS if on_vllm else DEFAULT_TIMEOUT_SECONDS)
+    pool_doc = yaml.safe_load(pool_file.read_text())
     pool_name = pool_doc["metadata"]["name"]
     namespace = pool_doc["metadata"].get("namespace", "default")
+    engine = real.prepare(namespace, say=say) if on_vllm else None
     model = pool_doc["spec"]["model"].get("servedName") or pool_doc["spec"]["model"]["name"]
     state_dir = (args.state_dir or default_state_dir()).absolute()
 
@@ -282,6 +312,11 @@ def run(args: argparse.Namespace) -> int:
     kubeconfig = controlplane.up(state_dir)
     kubectl = Kubectl(kubectl_binary(), kubeconfig)
     print(f"    KUBECONFIG={kubeconfig}")
+    engine_file = Layout(state_dir).engine_file
+    engine_before = read_engine(engine_file)
+    if engine is not None:
+        say(f"the pod runner's engine mode: vLLM pods run as `{engine.binary} serve {engine.model}`")
+        write_engine(engine_file, engine)
 
     say("installing the InferencePool CRD (server-side apply)")
     kubectl("apply", "--server-side", "-f", "-", input_text=crd_yaml())
@@ -302,8 +337,8 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"    pid {operator.pid}, log {operator_log.name}")
     try:
-        say(f"applying {args.pool_file}")
-        print("    " + kubectl("apply", "-f", str(args.pool_file)).strip())
+        say(f"applying {pool_file}")
+        print("    " + kubectl("apply", "-f", str(pool_file)).strip())
         say("waiting for the pool to be Ready (kubectl get pdpool)")
 
         def show() -> str:
@@ -313,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
         wait_for(
             "the pool to be Ready",
             lambda: pool_ready(kubectl.json("get", "pdpool", pool_name, "-n", namespace)),
-            args.timeout,
+            timeout,
             show,
         )
         print(kubectl("get", "pdpool", "-n", namespace, "-o", "wide"))
@@ -323,11 +358,14 @@ def run(args: argparse.Namespace) -> int:
         threshold = pool_doc["spec"].get("router", {}).get("prefillThresholdTokens", 4096)
         say(f"sending requests through the router at {base_url} (prefill threshold {threshold} tokens)")
         prompts = {
-            "short prompt": "Explain in one sentence why decode is memory-bound.",
-            "long prompt": " ".join(f"Paragraph {i} of a long design document." for i in range(600)),
+            "short prompt": SHORT_PROMPT,
+            "long prompt": real.LONG_PROMPT if on_vllm else LONG_PROMPT,
         }
+        pods = kubectl.json("get", "pods", "-n", namespace, "-l", f"{labels.LABEL_POOL}={pool_name}")["items"]
+        engine_urls, roles = real.engine_urls(pods)
         for label, prompt in prompts.items():
             before = router_routes(base_url)
+            evidence_before = real.read_evidence(engine_urls) if on_vllm else {}
             result = stream_chat(base_url, model, prompt, max_tokens=32)
             after = router_routes(base_url)
             route = next((r for r, v in after.items() if v > before.get(r, 0.0)), "?")
@@ -336,8 +374,20 @@ def run(args: argparse.Namespace) -> int:
                 f"TTFT {result.ttft_s * 1000:7.1f} ms, "
                 f"{result.chunks} chunks in {result.total_s * 1000:7.1f} ms"
             )
+            if on_vllm:
+                found = real.handoffs(evidence_before, real.read_evidence(engine_urls), roles)
+                for handoff in found:
+                    print(f"      {real.describe(handoff)}")
+                if label == "long prompt" and not real.decode_pulled_kv(found):
+                    raise RuntimeError(
+                        "no decode engine's counters show a KV read over NIXL for the long prompt"
+                    )
         say("the long prompt took prefill -> KV transfer -> decode; the short one went straight to decode")
-        plot = run_load_step(kubectl, namespace, pool_name, base_url, model, args.out.absolute(), say=say)
+        plot = (
+            None
+            if on_vllm
+            else run_load_step(kubectl, namespace, pool_name, base_url, model, args.out.absolute(), say=say)
+        )
         show_autoscaler(
             kubectl,
             namespace,
@@ -345,12 +395,13 @@ def run(args: argparse.Namespace) -> int:
             base_url,
             model,
             list(prompts.values()),
-            args.timeout,
+            timeout,
             kubeconfig,
             settle_seconds=max_window_seconds(pool_doc),
         )
-        run_p2p_step(kubectl, namespace, pool_name, model, args.timeout)
-        say(f"the load step's plot (TTFT and ITL against their targets, replicas over time): {plot}")
+        if plot is not None:
+            run_p2p_step(kubectl, namespace, pool_name, model, timeout)
+            say(f"the load step's plot (TTFT and ITL against their targets, replicas over time): {plot}")
         return 0
     finally:
         if args.keep:
@@ -359,8 +410,9 @@ def run(args: argparse.Namespace) -> int:
             say(f"left running (--keep); stop with: inferencepool cluster down --state-dir {state_dir}")
         else:
             say("cleaning up")
-            kubectl("delete", "-f", str(args.pool_file), "--wait=true", "--timeout=60s", check=False)
+            kubectl("delete", "-f", str(pool_file), "--wait=true", "--timeout=60s", check=False)
             stop_process(operator, grace_seconds=30.0)
+            write_engine(engine_file, engine_before)
             if not was_running:
                 controlplane.down(state_dir)
         operator_log.close()

@@ -205,6 +205,7 @@ class OpenAIApi:
                     self.engine.config.side_channel_host,
                     self.engine.side_channel_port or self.engine.config.side_channel_port,
                     self.engine.config.profile.tensor_parallel,
+                    event.kv_hold.prompt_tokens,
                 )
             elif req.ret_first_tok:
                 kv_params = {"first_tok": self._first_token_id(req)}  # LMCache's request_finished

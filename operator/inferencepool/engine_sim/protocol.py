@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from inferencepool.engine_sim.core import DisaggSpec, RemotePrefill
+from inferencepool.engine_sim.nixl_compat import VLLM_VERSION
 from inferencepool.engine_sim.tokenizer import Tokenizer, continued_answer, render_chat
 
 Kind = Literal["completion", "chat"]
@@ -77,6 +79,43 @@ def check_model(body: dict[str, Any], served_names: list[str]) -> str:
     return model
 
 
+# Sampling fields vLLM's request models type as numbers. FastAPI refuses a value pydantic cannot read as one
+# (a numeric string passes, as pydantic's lax mode parses it) with its own 400, before the handler runs.
+_NUMBER_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+_INTEGER_FIELDS = ("top_k", "seed", "n")
+
+
+def _readable(value: Any, kind: type) -> bool:
+    if not isinstance(value, bool | int | float | str):
+        return False
+    try:
+        number = float(value)
+    except ValueError:
+        return False
+    return kind is float or number.is_integer()
+
+
+def check_field_types(body: dict[str, Any]) -> None:
+    for key, kind, error in [(k, float, "float_parsing") for k in _NUMBER_FIELDS] + [
+        (k, int, "int_parsing") for k in _INTEGER_FIELDS
+    ]:
+        value = body.get(key)
+        if value is not None and not _readable(value, kind):
+            described = "a valid number" if kind is float else "a valid integer"
+            message = (
+                f"1 validation error:\n  {{'type': '{error}', 'loc': 'body.{key}', 'msg': 'Input should be "
+                f"{described}, unable to parse string as a number', 'input': {value!r}}}"
+            )
+            raise ApiError(400, "Bad Request", message, f"body.{key}")
+
+
 def parse_generation(
     kind: Kind,
     body: dict[str, Any],
@@ -84,6 +123,7 @@ def parse_generation(
     tokenizer: Tokenizer,
     max_model_len: int,
 ) -> GenerationRequest:
+    check_field_types(body)
     model = check_model(body, served_names)
     if kind == "completion":
         prompt_ids = _completion_prompt_ids(body, tokenizer)
@@ -251,9 +291,18 @@ def _flatten_block_ids(value: object) -> tuple[int, ...]:
 
 
 def kv_transfer_params_for(
-    engine_id: str, request_id: str, block_ids: tuple[int, ...], host: str, port: int, tp_size: int
+    engine_id: str,
+    request_id: str,
+    block_ids: tuple[int, ...],
+    host: str,
+    port: int,
+    tp_size: int,
+    prompt_tokens: int,
+    cached_tokens: int = 0,
 ) -> dict[str, Any]:
-    """What a prefill leg returns (NixlConnectorScheduler.request_finished)."""
+    """What a prefill leg returns: vLLM 0.33's pull-mode NixlConnectorScheduler.request_finished
+    (nixl/pull_scheduler.py: no expiry time on a prefill node, the computed prompt as remote_num_tokens) and
+    the scheduler's remote_prefill_cached_tokens (v1/core/sched/scheduler.py)."""
     return {
         "do_remote_prefill": True,
         "do_remote_decode": False,
@@ -263,6 +312,13 @@ def kv_transfer_params_for(
         "remote_host": host,
         "remote_port": port,
         "tp_size": tp_size,
+        "dcp_size": 1,
+        "pp_size": 1,
+        "remote_num_tokens": prompt_tokens,
+        "remote_blocks_expiry_time": None,
+        "remote_registration_generation": 0,
+        "transfer_mode": "pull",
+        "remote_prefill_cached_tokens": cached_tokens,
     }
 
 
@@ -323,13 +379,19 @@ def tokenize(
     return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids, "token_strs": None}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    return {
+def system_fingerprint(model: str) -> str:
+    """vLLM's is `vllm-<version>-<8 hex>` (a hash of the engine's config); the fake hashes the model name."""
+    return f"vllm-{VLLM_VERSION}-{zlib.crc32(model.encode()):08x}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int, stream: bool = False) -> dict[str, Any]:
+    """vLLM's UsageInfo; a stream's usage event leaves the (unset) details out, a whole answer has them."""
+    counts = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": None,
     }
+    return counts if stream else {**counts, "prompt_tokens_details": None, "completion_tokens_details": None}
 
 
 def response_id(kind: Kind, request_id: str) -> str:
@@ -346,6 +408,8 @@ def full_response(
     created: int | None = None,
 ) -> dict[str, Any]:
     created = int(time.time()) if created is None else created
+    # Field for field (and in order) what vLLM serializes: CompletionResponse / ChatCompletionResponse and
+    # their choices, unset optional fields as null.
     if req.kind == "completion":
         choice: dict[str, Any] = {
             "index": 0,
@@ -353,7 +417,10 @@ def full_response(
             "logprobs": None,
             "finish_reason": finish_reason,
             "stop_reason": None,
+            "token_ids": None,
             "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "routed_experts": None,
         }
         obj = "text_completion"
     else:
@@ -363,25 +430,31 @@ def full_response(
                 "role": "assistant",
                 "content": text,
                 "refusal": None,
-                "tool_calls": [],
+                "annotations": None,
+                "audio": None,
+                "function_call": None,
                 "reasoning": None,
             },
             "logprobs": None,
             "finish_reason": finish_reason,
             "stop_reason": None,
+            "token_ids": None,
+            "routed_experts": None,
         }
         obj = "chat.completion"
-    return {
+    response: dict[str, Any] = {
         "id": response_id_,
         "object": obj,
         "created": created,
         "model": req.model,
         "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": system_fingerprint(req.model),
         "usage": usage(len(req.prompt_token_ids), completion_tokens),
-        "system_fingerprint": None,
-        "prompt_logprobs": None,
-        "kv_transfer_params": kv_transfer_params,
     }
+    if req.kind == "chat":
+        response |= {"prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None}
+    return response | {"kv_transfer_params": kv_transfer_params, "ec_transfer_params": None, "metrics": None}
 
 
 class StreamEncoder:
@@ -397,7 +470,10 @@ class StreamEncoder:
                 f'data: {{"id":{json.dumps(response_id_)},"object":"text_completion","created":{created},'
                 f'"model":{json.dumps(req.model)},"choices":[{{"index":0,"text":'
             ).encode()
-            self._suffix = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+            self._suffix = (
+                b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,'
+                b'"token_ids":null}]}\n\n'
+            )
         else:
             self._object = "chat.completion.chunk"
             self._prefix = (
@@ -405,7 +481,7 @@ class StreamEncoder:
                 f'"created":{created},'
                 f'"model":{json.dumps(req.model)},"choices":[{{"index":0,"delta":{{"content":'
             ).encode()
-            self._suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+            self._suffix = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
 
     def _event(self, payload: dict[str, Any]) -> bytes:
         return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
@@ -426,6 +502,8 @@ class StreamEncoder:
                         "finish_reason": None,
                     }
                 ],
+                "prompt_token_ids": None,
+                "prompt_text": None,
             }
         )
 
@@ -433,6 +511,7 @@ class StreamEncoder:
         return self._prefix + json.dumps(text).encode() + self._suffix
 
     def final_chunk(self, text: str, finish_reason: str) -> bytes:
+        """The last token's event; without a usage event to follow it carries the system fingerprint."""
         if self.req.kind == "completion":
             choice: dict[str, Any] = {
                 "index": 0,
@@ -440,6 +519,8 @@ class StreamEncoder:
                 "logprobs": None,
                 "finish_reason": finish_reason,
                 "stop_reason": None,
+                "prompt_token_ids": None,
+                "token_ids": None,
             }
         else:
             choice = {
@@ -448,8 +529,12 @@ class StreamEncoder:
                 "logprobs": None,
                 "finish_reason": finish_reason,
                 "stop_reason": None,
+                "token_ids": None,
             }
-        return self._event({**self._head, "object": self._object, "choices": [choice]})
+        event = {**self._head, "object": self._object, "choices": [choice]}
+        if not self.req.include_usage:
+            event["system_fingerprint"] = system_fingerprint(self.req.model)
+        return self._event(event)
 
     def usage_chunk(self, completion_tokens: int) -> bytes:
         return self._event(
@@ -457,7 +542,8 @@ class StreamEncoder:
                 **self._head,
                 "object": self._object,
                 "choices": [],
-                "usage": usage(len(self.req.prompt_token_ids), completion_tokens),
+                "usage": usage(len(self.req.prompt_token_ids), completion_tokens, stream=True),
+                "system_fingerprint": system_fingerprint(self.req.model),
             }
         )
 

@@ -107,8 +107,9 @@ def read_prompt(body: object, endpoint: Endpoint, served_model_name: str | None)
     if not isinstance(model, str) or not model:
         raise BadRequest("`model` is required and must be a non-empty string", param="model")
     if served_model_name is not None and model != served_model_name:
+        # vLLM's own words (entrypoints/serve/engine/serving.py _check_model), so a client sees one answer.
         raise BadRequest(
-            f"The model `{model}` does not exist. This pool serves `{served_model_name}`.",
+            f"The model `{model}` does not exist. Valid aliases: {served_model_name}.",
             status=404,
             error_type="NotFoundError",
             param="model",

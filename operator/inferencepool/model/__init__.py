@@ -1,0 +1,1 @@
+"""Models the project makes itself (for the real-engine tests and demo), never downloaded."""

@@ -1,0 +1,71 @@
+"""The pod runner's engine mode, without a cluster: its file, and how it hands out cores and engine slots."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from inferencepool.cluster.components import Layout
+from inferencepool.cluster.podspec import PlanError, PodPlan
+from inferencepool.cluster.runner import ManagedPod, PodRunner, read_engine, write_engine
+from inferencepool.cluster.vllm_cpu import CpuEngine
+
+
+def engine_in(tmp_path: Path, max_engines: int = 2) -> CpuEngine:
+    binary = tmp_path / "venv" / "bin" / "vllm"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    return CpuEngine(venv=str(tmp_path / "venv"), model=str(tmp_path / "model"), max_engines=max_engines)
+
+
+def managed(name: str, cores: tuple[int, ...]) -> ManagedPod:
+    plan = PodPlan("ns", name, f"uid-{name}", "127.20.0.2", 30, True, ())
+    return ManagedPod(plan=plan, containers={}, cores=cores)
+
+
+def test_the_mode_file_round_trips_and_its_absence_means_no_real_engines(tmp_path: Path) -> None:
+    path = Layout(tmp_path).engine_file
+    assert read_engine(path) is None
+    engine = engine_in(tmp_path)
+    write_engine(path, engine)
+    assert read_engine(path) == engine
+    write_engine(path, None)
+    assert read_engine(path) is None and not path.exists()
+
+
+def test_engines_get_the_least_used_core_and_no_more_than_the_limit(tmp_path: Path) -> None:
+    engine = engine_in(tmp_path, max_engines=3)
+    runner = PodRunner(api=None, layout=Layout(tmp_path / "state"), cpus=(0, 1))
+    assert runner._engine_slot(engine) == (0,)
+    runner.managed["a"] = managed("a", (0,))
+    # A router pod holds no engine slot and no core.
+    runner.managed["r"] = managed("r", ())
+    assert runner._engine_slot(engine) == (1,)
+    runner.managed["b"] = managed("b", (1,))
+    assert runner._engine_slot(engine) == (0,)
+    runner.managed["c"] = managed("c", (0,))
+    with pytest.raises(PlanError, match="3 real engines run already"):
+        runner._engine_slot(engine)
+    # A stopped engine frees its slot and its core.
+    del runner.managed["b"]
+    assert runner._engine_slot(engine) == (1,)
+
+
+def test_a_missing_venv_is_named(tmp_path: Path) -> None:
+    runner = PodRunner(api=None, layout=Layout(tmp_path / "state"), cpus=(0,))
+    missing = CpuEngine(venv=str(tmp_path / "nowhere"), model=str(tmp_path / "model"))
+    with pytest.raises(PlanError, match="make real-engine"):
+        runner._engine_slot(missing)
+    assert os.access(engine_in(tmp_path).binary, os.X_OK)
+
+
+def test_the_mode_can_be_kept_to_some_namespaces(tmp_path: Path) -> None:
+    engine = CpuEngine(venv="/v", model="/m", namespaces=("demo",))
+    assert engine.covers("demo") and not engine.covers("prod")
+    assert CpuEngine(venv="/v", model="/m").covers("prod")
+    path = Layout(tmp_path).engine_file
+    write_engine(path, engine)
+    assert read_engine(path) == engine
