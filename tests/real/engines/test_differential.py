@@ -16,9 +16,8 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from inferencepool.engine_sim.profiles import get_profile
-
 from inferencepool.engine_sim.tokenizer import HFTokenizer
+from inferencepool.perf.profiles import get_profile
 from tests.real.engines.client import Answer, call, metric_families, shape, stream_shape
 from tests.support.engines import RunningEngine, running_engine
 from tests.support.real_engines import Fleet
