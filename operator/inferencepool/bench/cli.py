@@ -17,6 +17,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "inferencepool.bench.resume",
         "streams whole, resumed and broken when a decode engine is killed",
     ),
+    "hung": (
+        "inferencepool.bench.hung",
+        "streams' first events and the endpoint table while a decode engine is frozen (SIGSTOP)",
+    ),
 }
 
 

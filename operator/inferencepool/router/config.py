@@ -28,6 +28,7 @@ TransferMode = KVConnector
 __all__ = ["KVConnector", "RouterConfig", "RoutingPolicy", "TransferMode", "parse_config"]
 
 ENV_CONFIG = "INFERENCEPOOL_ROUTER_CONFIG"
+MIN_STREAM_HEADERS_MILLISECONDS = 500
 DEFAULT_ENGINE_PORT = 8000
 
 
@@ -152,6 +153,17 @@ class TimeoutsConfig(_Model):
     first_byte_seconds: Annotated[
         int, Field(ge=1, description="decode leg: until response headers arrive")
     ] = 600
+    stream_headers_milliseconds: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="streamed decode legs: a pod that sends no response headers in this long is hung "
+            "and the leg goes to another pod (an engine sends a stream's headers once it accepted the "
+            "request, long before its first token); unset: the TTFT target "
+            "(adaptiveThreshold.ttftTargetMilliseconds), at least 500, so a request retried off a hung pod "
+            "still sees its first token within about twice the target",
+        ),
+    ] = None
     idle_stream_seconds: Annotated[
         int, Field(ge=1, description="longest silence between two streamed chunks")
     ] = 300
@@ -252,6 +264,14 @@ class RouterConfig(_Model):
                 f"[{self.adaptive_threshold.min_tokens}, {self.adaptive_threshold.max_tokens}]"
             )
         return self
+
+    def stream_headers_seconds(self) -> float:
+        """How long a streamed decode leg waits for its pod's response headers before trying another."""
+        explicit = self.timeouts.stream_headers_milliseconds
+        if explicit is not None:
+            return explicit / 1000
+        # below this, an engine's API server busy with other streams could miss it and look hung
+        return max(self.adaptive_threshold.ttft_target_milliseconds, MIN_STREAM_HEADERS_MILLISECONDS) / 1000
 
     def scheduling(self) -> SchedulerConfig:
         """The scheduling core's settings (the router's and the simulator's `Scheduler`)."""

@@ -55,6 +55,7 @@ class Orchestrator:
         self.calibrator = calibrator
         self.scheduler = Scheduler(config.scheduling())
         self._block_tokens = self.scheduler.config.block_tokens
+        self._stream_headers = config.stream_headers_seconds()
 
     async def generate(self, request: Request, reply: Reply, endpoint: Endpoint) -> None:
         started = time.monotonic()
@@ -154,7 +155,7 @@ class Orchestrator:
                 job.headers,
                 None,
                 job.stream,
-                self.config.timeouts.first_byte_seconds,
+                self._stream_headers if job.stream else self.config.timeouts.first_byte_seconds,
                 pod,
             ) as leg:
                 if job.queued is not None:

@@ -74,10 +74,14 @@ class _LiveCollector(Collector):
         tally: dict[tuple[str, str], int] = {}
         for pod in self._state.pods.pods.values():
             in_flight.add_metric([pod.name, pod.role], pod.outstanding)
-            state = "serving" if pod.accepts_new else ("terminating" if pod.terminating else "not_ready")
+            state = (
+                ("unresponsive" if pod.unresponsive else "serving")
+                if pod.accepts_new
+                else ("terminating" if pod.terminating else "not_ready")
+            )
             tally[(pod.role, state)] = tally.get((pod.role, state), 0) + 1
         for role in ("prefill", "decode"):
-            for state in ("serving", "not_ready", "terminating"):
+            for state in ("serving", "unresponsive", "not_ready", "terminating"):
                 pods.add_metric([role, state], tally.get((role, state), 0))
         yield in_flight
         yield pods

@@ -67,6 +67,9 @@ class Pod:
     kv_usage: float = 0.0
     queued_tokens: int = 0
     kv_compat: str | None = None
+    # answers neither its /metrics (engine_load.py) nor a streamed request's headers in time (legs.py): out
+    # of the table until its /metrics answers again
+    unresponsive: bool = False
     seed: int = 0  # the name's rendezvous seed
 
     def __post_init__(self) -> None:
@@ -222,11 +225,12 @@ class PodSet:
         return [pod for pod in self.pods.values() if pod.role == role]
 
     def available(self, role: EngineRole, now: float, exclude: frozenset[str] = frozenset()) -> list[Pod]:
-        """Pods that take new requests; those cooling down after a failure only when nothing else is left."""
+        """Pods that take new requests; those cooling down after a failure or unresponsive only when nothing
+        else is left."""
         open_pods = [
             p for p in self.pods.values() if p.role == role and p.accepts_new and p.name not in exclude
         ]
-        healthy = [p for p in open_pods if p.cooldown_until <= now]
+        healthy = [p for p in open_pods if p.cooldown_until <= now and not p.unresponsive]
         return healthy or open_pods
 
     def has_available(self, role: EngineRole) -> bool:

@@ -67,7 +67,7 @@ class Relay:
         metrics: RouterMetrics,
         itl_sample: Callable[[float], None] | None,
         legs: Legs,
-        first_byte_seconds: int,
+        first_byte_seconds: float,  # a resumed stream's headers (legs.py: a pod silent so long is hung)
         direct_ttft_sample: Callable[[float], None] | None = None,
     ) -> None:
         self.metrics = metrics

@@ -115,7 +115,7 @@ class Router:
         )
         itl_sample = self.adaptive.itl_samples.add if self.adaptive.enabled else None
         ttft_sample = self.adaptive.direct_ttft_samples.add if self.adaptive.enabled else None
-        relay = Relay(self.metrics, itl_sample, legs, timeouts.first_byte_seconds, ttft_sample)
+        relay = Relay(self.metrics, itl_sample, legs, config.stream_headers_seconds(), ttft_sample)
         self._orchestrator = Orchestrator(
             config, self.counter, legs, transfer, relay, self.metrics, self.adaptive, calibrator
         )
