@@ -52,15 +52,17 @@ class Result:
     left_after_s: float | None = None  # SIGSTOP to the pod shown unresponsive
     rejoined_after_s: float | None = None  # SIGCONT to the pod serving again
     failures: list[str] = field(default_factory=list)
+    late_started_s: list[float] = field(default_factory=list)  # when each late request was sent (load time)
 
 
 async def _client(
-    http: Any, router: str, args: argparse.Namespace, stop: float, result: Result, i: int
+    http: Any, router: str, args: argparse.Namespace, began_at: float, result: Result, i: int
 ) -> None:
     import aiohttp
 
     late_after = 2 * args.ttft_target_ms / 1000
     n = 0
+    stop = began_at + args.seconds
     while time.monotonic() < stop:
         n += 1
         body = {
@@ -91,6 +93,7 @@ async def _client(
         result.worst_first_event_ms = max(result.worst_first_event_ms, waited * 1000)
         if waited > late_after:
             result.late += 1
+            result.late_started_s.append(round(began - began_at, 2))
 
 
 async def _states(http: Any, router: str) -> tuple[float, float]:
@@ -135,9 +138,8 @@ async def one_run(args: argparse.Namespace, mode: str, http: Any) -> Result:
         )  # fmt: skip
         started.append(process)
         began = time.monotonic()
-        stop = began + args.seconds
         clients = [
-            asyncio.create_task(_client(http, router, args, stop, result, i)) for i in range(args.clients)
+            asyncio.create_task(_client(http, router, args, began, result, i)) for i in range(args.clients)
         ]
         if mode == "freeze":
             frozen = engines[0][0]
@@ -185,6 +187,8 @@ async def _bench(args: argparse.Namespace) -> list[Result]:
                 ),
                 flush=True,
             )
+            if result.late_started_s:
+                print(f"      late requests sent at (s into the load): {result.late_started_s[:40]}")
             for failure in result.failures:
                 print(f"      {failure}")
     return results
@@ -195,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     document = {
-        "args": {k: v for k, v in vars(args).items() if k != "bench_run"},
+        "args": {k: v for k, v in vars(args).items() if isinstance(v, int | float | str)},
         "results": [asdict(r) for r in results],
     }
     (out / "hung.json").write_text(json.dumps(document, indent=2))

@@ -184,6 +184,19 @@ class TimeoutsConfig(_Model):
     ] = 0
 
 
+class OverloadConfig(_Model):
+    """Shedding when every pool a request may use is saturated (router/overload.py)."""
+
+    enabled: bool = False
+    queue_requests: Annotated[
+        int, Field(ge=0, description="requests held while every pool is saturated; more are answered 429")
+    ] = 64
+    queue_milliseconds: Annotated[
+        int, Field(ge=1, description="longest a request is held; then it is answered 429")
+    ] = 2000
+    retry_after_seconds: Annotated[int, Field(ge=1, description="the Retry-After of a 429")] = 1
+
+
 class StaticBackends(_Model):
     """Fixed engine URLs for local runs and benchmarks; in a cluster the pool's Pods are discovered
     instead."""
@@ -228,6 +241,7 @@ class RouterConfig(_Model):
     )
     static: StaticBackends | None = None
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    overload: OverloadConfig = Field(default_factory=OverloadConfig)
     max_request_bytes: Annotated[int, Field(ge=1024, description="larger request bodies get 413")] = (
         32 * 1024 * 1024
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from inferencepool.router.http1 import Upstream, UpstreamFailure
 from inferencepool.router.pods import Pod, PodSet
@@ -59,8 +60,15 @@ def parse_engine_load(page: bytes) -> tuple[int, int, float] | None:
 class EngineLoad:
     """Reads every known pod's /metrics each interval and writes the figures onto its Pod."""
 
-    def __init__(self, pods: PodSet, upstream: Upstream, interval_seconds: float) -> None:
+    def __init__(
+        self,
+        pods: PodSet,
+        upstream: Upstream,
+        interval_seconds: float,
+        on_read: Callable[[], None] | None = None,
+    ) -> None:
         self.pods = pods
+        self.on_read = on_read  # after each round (overload.py reads saturation off the table)
         self.upstream = upstream
         self.interval_seconds = interval_seconds
         self.timeout_seconds = max(1, round(interval_seconds * 4))
@@ -73,6 +81,8 @@ class EngineLoad:
     async def read_all(self) -> None:
         pods = [pod for pod in self.pods.pods.values() if pod.known]
         await asyncio.gather(*(self._read(pod) for pod in pods))
+        if self.on_read is not None:
+            self.on_read()
 
     async def _read(self, pod: Pod) -> None:
         figures: tuple[int, int, float] | None = None

@@ -19,6 +19,7 @@ from inferencepool.router.errors import UpstreamError
 from inferencepool.router.http1 import Reply, Request
 from inferencepool.router.legs import Legs
 from inferencepool.router.metrics import RouterMetrics
+from inferencepool.router.overload import PRIORITIES, PRIORITY_HEADER, Admission
 from inferencepool.router.pods import Pod, Queued
 from inferencepool.router.prompt import BadRequest, Endpoint, read_prompt
 from inferencepool.router.relay import NothingSent, Relay, Resumable
@@ -31,6 +32,16 @@ from inferencepool.scheduling.scheduler import Scheduler
 log = logging.getLogger("inferencepool.router")
 
 MAX_PREFIX_BLOCKS = 1024  # blocks hashed per prompt (256k tokens at 256 a block)
+
+
+def priority_of(request: Request) -> int:
+    """The request's X-Inferencepool-Priority (0-9, higher is shed last; 0 without the header)."""
+    value = request.headers.get(PRIORITY_HEADER)
+    if value is None:
+        return 0
+    if not value.strip().isdigit() or int(value) not in PRIORITIES:
+        raise BadRequest(f"{PRIORITY_HEADER}: {value!r} is not a priority from 0 to 9", param=PRIORITY_HEADER)
+    return int(value)
 
 
 class Orchestrator:
@@ -56,6 +67,17 @@ class Orchestrator:
         self.scheduler = Scheduler(config.scheduling())
         self._block_tokens = self.scheduler.config.block_tokens
         self._stream_headers = config.stream_headers_seconds()
+        overload = config.overload
+        self.admission = (
+            Admission(
+                legs.pods,
+                config.policy == "Colocated",
+                overload.queue_requests,
+                overload.queue_milliseconds / 1000,
+            )
+            if overload.enabled and config.engine_metrics_interval_milliseconds
+            else None
+        )
 
     async def generate(self, request: Request, reply: Reply, endpoint: Endpoint) -> None:
         started = time.monotonic()
@@ -65,6 +87,8 @@ class Orchestrator:
         except orjson.JSONDecodeError as error:
             raise BadRequest(f"request body is not valid JSON: {error}") from error
         prompt = read_prompt(body, endpoint, self.config.served_model_name)
+        if self.admission is not None:
+            await self.admission.admit(priority_of(request))
         block_tokens = self._block_tokens
         if block_tokens:
             tokens, keys = self.counter.measure_prefix(prompt, block_tokens, MAX_PREFIX_BLOCKS)

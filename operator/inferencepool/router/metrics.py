@@ -193,6 +193,14 @@ class RouterMetrics:
             ["status"],
             registry=registry,
         )
+        self.shed = Counter(
+            f"{PREFIX}_shed_requests",
+            "Requests answered 429 because every pool they could use was saturated (its engines queueing) "
+            "and the router's queue was full, by the pools saturated (decode: Colocated; both) and the "
+            "request's priority",
+            ["role", "priority"],
+            registry=registry,
+        )
         self.client_disconnects = Counter(
             f"{PREFIX}_client_disconnects",
             "Requests whose client went away before the end",

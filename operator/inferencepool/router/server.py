@@ -34,6 +34,7 @@ from inferencepool.router.http1 import Reply, Request, Server, Upstream, Upstrea
 from inferencepool.router.legs import Legs
 from inferencepool.router.lmcache_pd import PDNotifications
 from inferencepool.router.metrics import LiveState, RouterMetrics
+from inferencepool.router.overload import Admission, Shed
 from inferencepool.router.pods import PodSet
 from inferencepool.router.prompt import BadRequest, Endpoint
 from inferencepool.router.relay import ROUTE_HEADER, Relay
@@ -84,6 +85,11 @@ class Router:
         self._notifications: PDNotifications | None = None  # LMCache PD mode only
 
     @property
+    def admission(self) -> Admission | None:
+        """The overload queue (None: overload.enabled is off, or engine metrics are not read)."""
+        return self._orchestrator.admission if self._orchestrator is not None else None
+
+    @property
     def threshold(self) -> int:
         return self.adaptive.threshold
 
@@ -132,8 +138,12 @@ class Router:
         if calibrator is not None:
             self._tasks.append(asyncio.create_task(calibrator.run()))
         if config.engine_metrics_interval_milliseconds:
+            admission = self._orchestrator.admission
             engine_load = EngineLoad(
-                self.pods, self._upstream, config.engine_metrics_interval_milliseconds / 1000
+                self.pods,
+                self._upstream,
+                config.engine_metrics_interval_milliseconds / 1000,
+                admission.refresh if admission is not None else None,
             )
             self._tasks.append(asyncio.create_task(engine_load.run()))
 
@@ -237,6 +247,14 @@ class Router:
         except BadRequest as error:
             self.metrics.rejected.labels(str(error.status)).inc()
             send_error(reply, str(error), error.error_type, error.status, error.param)
+        except Shed as shed:
+            self.metrics.rejected.labels("429").inc()
+            self.metrics.shed.labels(
+                "decode" if self.config.policy == "Colocated" else "both", str(shed.priority)
+            ).inc()
+            retry_after = str(self.config.overload.retry_after_seconds)
+            body = error_body(str(shed), "RateLimitError", 429)
+            reply.send(429, body, headers=(("Retry-After", retry_after),))
         except UpstreamError as error:
             self.metrics.rejected.labels(str(error.status)).inc()
             kind = "ServiceUnavailableError" if error.status == 503 else "BadGatewayError"
