@@ -12,7 +12,7 @@ import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
-from tests.http.router_harness import MODEL, metric_sum, running_router
+from tests.http.router_harness import LONG_PROMPT, MODEL, metric_sum, running_router
 from tests.support.engines import engine_process
 
 from inferencepool.router.config import RouterConfig
@@ -104,3 +104,49 @@ async def test_a_stopped_decode_engine_leaves_the_table_its_streams_go_elsewhere
                 return await metric_sum(stopped, "vllm:request_success") > served
 
             await eventually(used_again)
+
+
+async def test_a_stream_whose_engine_stops_after_its_headers_goes_to_another_pod_before_its_first_event() -> (
+    None
+):
+    """The engine answered the stream's headers, then stopped before its first token: nothing reached the
+    client (the router sends the headers with the first event), so once the pod leaves the table the
+    request goes to the other pod."""
+    slow = ("--profile", "cpu-demo", "--time-scale", "40")  # a long prompt's prefill takes seconds
+    async with (
+        engine_process(MODEL, "--served-model-name", MODEL, *slow) as (_, live),
+        engine_process(MODEL, "--served-model-name", MODEL, *slow) as (stopped_process, stopped),
+    ):
+        config = RouterConfig.model_validate(
+            {
+                "static": {"prefill": [], "decode": [live, stopped]},
+                "servedModelName": MODEL,
+                "policy": "Colocated",
+                "engineMetricsIntervalMilliseconds": 200,
+                "adaptiveThreshold": {"ttftTargetMilliseconds": TTFT_TARGET_MS},
+            }
+        )
+        async with running_router(config) as router, aiohttp.ClientSession() as http:
+
+            async def long_stream(i: int) -> str:
+                body = {"model": MODEL, "prompt": f"{i} " + LONG_PROMPT * 4, "max_tokens": 4, "stream": True}
+                async with http.post(router.url + "/v1/completions", json=body) as response:
+                    return (await response.read()).decode()
+
+            requests = [asyncio.create_task(long_stream(i)) for i in range(4)]
+            # the router sends the headers with the first event: wait until both engines run prompts instead
+            await eventually(lambda: running_both(live, stopped))
+            os.kill(stopped_process.pid, signal.SIGSTOP)
+            try:
+                answers = await asyncio.wait_for(asyncio.gather(*requests), 60)
+                assert all("[DONE]" in answer for answer in answers)
+                assert all('"error"' not in answer for answer in answers)
+                # ... because those on the stopped pod went to the other one, not because they were done
+                assert await metric_sum(router.url, "inferencepool_router_retries", role="decode") >= 1
+            finally:
+                os.kill(stopped_process.pid, signal.SIGCONT)
+
+
+async def running_both(*urls: str) -> bool:
+    counts = [await metric_sum(url, "vllm:num_requests_running") for url in urls]
+    return all(count > 0 for count in counts)

@@ -154,13 +154,29 @@ class Orchestrator:
                 log.warning("decode leg after a KV transfer failed, serving colocated: %s", failure)
                 self.metrics.fallbacks.labels("decode_leg_failed").inc()
                 route, decode_payload, decode_pod = Route.FALLBACK, raw, None
-        await self._decode(job, route, decode_payload, decode_pod)
+        avoid = frozenset[str]()
+        for attempt in range(self.legs.max_attempts):
+            try:
+                await self._decode(job, route, decode_payload, decode_pod, avoid)
+                return
+            except NothingSent as failure:
+                # Nothing reached the client (the pod hung or died before its first event): another serves it.
+                if failure.pod is None or attempt + 1 == self.legs.max_attempts:
+                    raise UpstreamError(str(failure), 502) from failure
+                log.warning("decode leg failed before its first event, trying another pod: %s", failure)
+                self.metrics.retries.labels("decode").inc()
+                avoid, decode_pod = avoid | {failure.pod}, None
 
     def _count(self, job: _Job, route: Route) -> None:
+        if job.counted:
+            return
+        job.counted = True
         self.metrics.requests_by_route[route].inc()
         self.metrics.prompt_tokens_by_route[route].inc(job.tokens)
 
-    async def _decode(self, job: _Job, route: Route, payload: bytes, pod: Pod | None) -> None:
+    async def _decode(
+        self, job: _Job, route: Route, payload: bytes, pod: Pod | None, avoid: frozenset[str] = frozenset()
+    ) -> None:
         """The decode leg and its relay, counted under `route`.
 
         On the disaggregated route a failure before anything reached the client that another try could
@@ -181,6 +197,7 @@ class Orchestrator:
                 job.stream,
                 self._stream_headers if job.stream else self.config.timeouts.first_byte_seconds,
                 pod,
+                exclude=avoid,
             ) as leg:
                 if job.queued is not None:
                     leg.first_token = job.queued.release
@@ -221,6 +238,7 @@ class _Job:
     tokens: int = 0  # prompt tokens as counted, for the per-route token counter the autoscaler reads
     queued: Queued | None = None  # a direct prompt's prefill work on its decode pod, until its first token
     transfer: TransferClock | None = None  # a disaggregated one's decode leg, on a pod that had no queue
+    counted: bool = False  # in the per-route counters (once, however many decode legs it took)
 
 
 class TransferClock:
