@@ -44,6 +44,7 @@ class PodSpec:
     ready: bool = True
     terminating: bool = False
     kv_compat: str | None = None  # the pod's LABEL_KV_COMPAT: prefill and decode pods pair on equal values
+    incarnation: str = ""  # discovery.incarnation: another value is another engine under the name
 
 
 @dataclass(eq=False, slots=True)
@@ -67,6 +68,7 @@ class Pod:
     kv_usage: float = 0.0
     queued_tokens: int = 0
     kv_compat: str | None = None
+    incarnation: str = ""
     # answers neither its /metrics (engine_load.py) nor a streamed request's headers in time (legs.py): out
     # of the table until its /metrics answers again
     unresponsive: bool = False
@@ -207,10 +209,25 @@ class PodSet:
         fresh: dict[str, Pod] = {}
         for spec in specs:
             pod = self.pods.get(spec.name)
-            if pod is None or pod.url != spec.url or pod.role != spec.role or pod.kv_compat != spec.kv_compat:
-                if pod is not None:  # another engine under the name: its cache starts empty
+            if (
+                pod is None
+                or pod.url != spec.url
+                or pod.role != spec.role
+                or pod.kv_compat != spec.kv_compat
+                or pod.incarnation != spec.incarnation
+            ):
+                # Another engine under the name (a restart: the Pod watch says so before any request fails):
+                # its cache starts empty and nothing of the previous one's state carries over (load,
+                # cooldown, unresponsive). Legs still open on the old engine keep the old Pod (known=False).
+                if pod is not None:
                     self.prefixes.forget(spec.name)
-                pod = Pod(name=spec.name, url=spec.url, role=spec.role, kv_compat=spec.kv_compat)
+                pod = Pod(
+                    name=spec.name,
+                    url=spec.url,
+                    role=spec.role,
+                    kv_compat=spec.kv_compat,
+                    incarnation=spec.incarnation,
+                )
             pod.ready, pod.terminating, pod.known = spec.ready, spec.terminating, True
             fresh[spec.name] = pod
         for name, pod in self.pods.items():
