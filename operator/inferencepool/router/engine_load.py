@@ -71,7 +71,8 @@ class EngineLoad:
         self.on_read = on_read  # after each round (overload.py reads saturation off the table)
         self.upstream = upstream
         self.interval_seconds = interval_seconds
-        self.timeout_seconds = max(1, round(interval_seconds * 4))
+        # also how long a hung pod stays in the table: two intervals, at least a second
+        self.timeout_seconds = max(1.0, interval_seconds * 2)
 
     async def run(self) -> None:
         while True:

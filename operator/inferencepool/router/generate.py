@@ -5,6 +5,7 @@ orchestrator times what the scheduler learns from: idle prefill legs and KV tran
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -16,7 +17,7 @@ from inferencepool.router.adaptive import AdaptiveThreshold
 from inferencepool.router.calibration import Calibrator
 from inferencepool.router.config import RouterConfig
 from inferencepool.router.errors import UpstreamError
-from inferencepool.router.http1 import Reply, Request
+from inferencepool.router.http1 import Reply, Request, UpstreamFailure
 from inferencepool.router.legs import Legs
 from inferencepool.router.metrics import RouterMetrics
 from inferencepool.router.overload import PRIORITIES, PRIORITY_HEADER, Admission
@@ -67,6 +68,7 @@ class Orchestrator:
         self.scheduler = Scheduler(config.scheduling())
         self._block_tokens = self.scheduler.config.block_tokens
         self._stream_headers = config.stream_headers_seconds()
+        self._releases: set[asyncio.Task[None]] = set()  # decode legs sent for clients that went away
         overload = config.overload
         self.admission = (
             Admission(
@@ -149,6 +151,10 @@ class Orchestrator:
             try:
                 await self._decode(job, route, decode_payload, decode_pod)
                 return
+            except asyncio.CancelledError:
+                if not job.decode_open and self.config.transfer_mode == "Nixl":
+                    self._release(request.path, decode_payload, headers, decode_pod)
+                raise
             except NothingSent as failure:
                 # Nothing reached the client (the KV source died, the transfer failed): serve it whole.
                 log.warning("decode leg after a KV transfer failed, serving colocated: %s", failure)
@@ -166,6 +172,37 @@ class Orchestrator:
                 log.warning("decode leg failed before its first event, trying another pod: %s", failure)
                 self.metrics.retries.labels("decode").inc()
                 avoid, decode_pod = avoid | {failure.pod}, None
+
+    def _release(self, path: str, payload: bytes, headers: list[tuple[str, str]], pod: Pod | None) -> None:
+        """The client went away between the legs: the prefill pod holds the prompt's KV for a decode leg
+        that no engine has accepted. vLLM frees it when a decode engine reads it or when the lease
+        (kv_lease_duration) runs out; a decode engine that finishes or aborts such a request notifies the
+        prefill engine (nixl/pull_scheduler.py, request_finished), but only once it got the request. So the
+        decode leg goes out anyway, one token, not streamed, its answer dropped: the KV is read (or the
+        prefill engine notified) now, not at the lease's end."""
+        try:
+            body = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        body.update(max_tokens=1, stream=False)
+        for field in ("max_completion_tokens", "min_tokens", "stream_options"):
+            body.pop(field, None)
+        task = asyncio.create_task(self._release_leg(path, orjson.dumps(body), headers, pod))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _release_leg(
+        self, path: str, payload: bytes, headers: list[tuple[str, str]], pod: Pod | None
+    ) -> None:
+        try:
+            async with self.legs.open(
+                "decode", path, payload, headers, None, False, self.config.timeouts.prefill_seconds, pod
+            ) as leg:
+                await leg.response.body()
+            self.metrics.kv_releases.labels("read").inc()
+        except (UpstreamError, UpstreamFailure) as failure:
+            log.warning("the KV of a request whose client went away stays until its lease ends: %s", failure)
+            self.metrics.kv_releases.labels("failed").inc()
 
     def _count(self, job: _Job, route: Route) -> None:
         if job.counted:
@@ -199,6 +236,7 @@ class Orchestrator:
                 pod,
                 exclude=avoid,
             ) as leg:
+                job.decode_open = True
                 if job.queued is not None:
                     leg.first_token = job.queued.release
                 elif job.transfer is not None:
@@ -239,6 +277,7 @@ class _Job:
     queued: Queued | None = None  # a direct prompt's prefill work on its decode pod, until its first token
     transfer: TransferClock | None = None  # a disaggregated one's decode leg, on a pod that had no queue
     counted: bool = False  # in the per-route counters (once, however many decode legs it took)
+    decode_open: bool = False  # a decode engine accepted the decode leg (it frees the KV if it is aborted)
 
 
 class TransferClock:

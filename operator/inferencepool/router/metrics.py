@@ -201,6 +201,13 @@ class RouterMetrics:
             ["role", "priority"],
             registry=registry,
         )
+        self.kv_releases = Counter(
+            f"{PREFIX}_kv_releases",
+            "Decode legs sent for clients that went away between the legs, so that the prefill pod's KV is "
+            "read now rather than held until its lease ends, by outcome (read, failed)",
+            ["outcome"],
+            registry=registry,
+        )
         self.client_disconnects = Counter(
             f"{PREFIX}_client_disconnects",
             "Requests whose client went away before the end",

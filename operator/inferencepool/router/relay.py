@@ -7,7 +7,7 @@ error: a failure before that raises NothingSent, and the caller serves the reque
 
 A stream's headers go to the client with its first event, so a stream whose pod hangs after answering the
 headers but before its first event (the pod leaves the table: engine_load.py) can still go elsewhere: while
-nothing was relayed, the relay looks at the pod every `first_byte_seconds` and, once it is unresponsive,
+nothing was relayed, the relay looks at the pod a few times a second and, once it is unresponsive,
 drops the leg and raises NothingSent for the caller to serve the request on another pod.
 
 A stream whose engine dies after the client got part of the answer is resumed on another decode pod when
@@ -36,6 +36,7 @@ log = logging.getLogger("inferencepool.router")
 
 ROUTE_HEADER = "X-Inferencepool-Route"
 _RESUMES = 2  # decode pods tried after the first one died mid-stream
+_WATCH_SECONDS = 0.25  # how often a stream without its first event looks whether its pod hangs
 
 
 class NothingSent(Exception):
@@ -174,10 +175,12 @@ class Relay:
                 hung = True
                 upstream.abort(f"{pod.role} pod {pod.name} hung before its first event")
             else:
-                watchdog = loop.call_later(self.first_byte_seconds, watch)
+                watchdog = loop.call_later(period, watch)
 
+        # the pod leaves the table on the scrape's clock: look a few times a second, not once a deadline
+        period = min(self.first_byte_seconds, _WATCH_SECONDS)
         if not reply.started:
-            watchdog = loop.call_later(self.first_byte_seconds, watch)
+            watchdog = loop.call_later(period, watch)
 
         def on_data(data: bytes) -> None:
             nonlocal previous
