@@ -236,6 +236,8 @@ class RouterMetrics:
         }
         self.ttft_by_route = {route: self.ttft.labels(route.value) for route in Route}
         self.itl_by_route = {route: self.itl.labels(route.value) for route in Route}
+        for outcome in ("read", "failed"):
+            self.kv_releases.labels(outcome)
         for reason in (
             "no_prefill_pod",
             "kv_incompatible",
