@@ -17,6 +17,14 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "inferencepool.bench.resume",
         "streams whole, resumed and broken when a decode engine is killed",
     ),
+    "hung": (
+        "inferencepool.bench.hung",
+        "streams' first events and the endpoint table while a decode engine is frozen (SIGSTOP)",
+    ),
+    "overload": (
+        "inferencepool.bench.overload",
+        "twice the load a pool holds: the share answered 429 and the admitted requests' TTFT",
+    ),
 }
 
 

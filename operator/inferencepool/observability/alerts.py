@@ -29,8 +29,6 @@ PENDING_ROUTER_METRICS: Final = frozenset(
         # counter, label role: requests that failed against a restarted pod's previous engine (a handshake or
         # KV state the router had not dropped when the pod came back with a new engine id)
         f"{ROUTER}_stale_peer_failures_total",
-        # counter, labels role, priority: requests answered 429 because both pools were past their targets
-        f"{ROUTER}_shed_requests_total",
     }
 )
 

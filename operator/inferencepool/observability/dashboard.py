@@ -238,6 +238,16 @@ ROWS: Final = (
                 stacked=True,
             ),
             Panel(
+                "Requests shed (429)",
+                "Requests per second the router answered 429 with Retry-After, by priority "
+                "(X-Inferencepool-Priority): every pool they could use was saturated (its engines queueing) "
+                "and the router's bounded queue was full, or they waited there too long. Lowest priorities "
+                "go first.",
+                (Query(rate(f"{ROUTER}_shed_requests", by="priority"), "priority {{priority}}"),),
+                unit="reqps",
+                stacked=True,
+            ),
+            Panel(
                 "Prefill threshold in force",
                 "Prompts of at least this many tokens go through the prefill pool (LengthAware); it moves "
                 "when "

@@ -28,6 +28,7 @@ TransferMode = KVConnector
 __all__ = ["KVConnector", "RouterConfig", "RoutingPolicy", "TransferMode", "parse_config"]
 
 ENV_CONFIG = "INFERENCEPOOL_ROUTER_CONFIG"
+MIN_STREAM_HEADERS_MILLISECONDS = 500
 DEFAULT_ENGINE_PORT = 8000
 
 
@@ -152,6 +153,17 @@ class TimeoutsConfig(_Model):
     first_byte_seconds: Annotated[
         int, Field(ge=1, description="decode leg: until response headers arrive")
     ] = 600
+    stream_headers_milliseconds: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="streamed decode legs: a pod that sends no response headers in this long is hung "
+            "and the leg goes to another pod (an engine sends a stream's headers once it accepted the "
+            "request, long before its first token); unset: the TTFT target "
+            "(adaptiveThreshold.ttftTargetMilliseconds), at least 500, so a request retried off a hung pod "
+            "still sees its first token within about twice the target",
+        ),
+    ] = None
     idle_stream_seconds: Annotated[
         int, Field(ge=1, description="longest silence between two streamed chunks")
     ] = 300
@@ -170,6 +182,19 @@ class TimeoutsConfig(_Model):
         int,
         Field(ge=0, description="on SIGTERM: keep accepting while /ready says 503, so Services drop the pod"),
     ] = 0
+
+
+class OverloadConfig(_Model):
+    """Shedding when every pool a request may use is saturated (router/overload.py)."""
+
+    enabled: bool = False
+    queue_requests: Annotated[
+        int, Field(ge=0, description="requests held while every pool is saturated; more are answered 429")
+    ] = 64
+    queue_milliseconds: Annotated[
+        int, Field(ge=1, description="longest a request is held; then it is answered 429")
+    ] = 2000
+    retry_after_seconds: Annotated[int, Field(ge=1, description="the Retry-After of a 429")] = 1
 
 
 class StaticBackends(_Model):
@@ -216,6 +241,7 @@ class RouterConfig(_Model):
     )
     static: StaticBackends | None = None
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    overload: OverloadConfig = Field(default_factory=OverloadConfig)
     max_request_bytes: Annotated[int, Field(ge=1024, description="larger request bodies get 413")] = (
         32 * 1024 * 1024
     )
@@ -252,6 +278,14 @@ class RouterConfig(_Model):
                 f"[{self.adaptive_threshold.min_tokens}, {self.adaptive_threshold.max_tokens}]"
             )
         return self
+
+    def stream_headers_seconds(self) -> float:
+        """How long a streamed decode leg waits for its pod's response headers before trying another."""
+        explicit = self.timeouts.stream_headers_milliseconds
+        if explicit is not None:
+            return explicit / 1000
+        # below this, an engine's API server busy with other streams could miss it and look hung
+        return max(self.adaptive_threshold.ttft_target_milliseconds, MIN_STREAM_HEADERS_MILLISECONDS) / 1000
 
     def scheduling(self) -> SchedulerConfig:
         """The scheduling core's settings (the router's and the simulator's `Scheduler`)."""

@@ -58,7 +58,17 @@ def pod_spec_from_object(pod: Mapping[str, Any], port_name: str = "http") -> Pod
         ready=is_ready(pod) and (pod.get("status") or {}).get("phase") == "Running",
         terminating=metadata.get("deletionTimestamp") is not None,
         kv_compat=pod_labels.get(labels.LABEL_KV_COMPAT),
+        incarnation=incarnation(pod),
     )
+
+
+def incarnation(pod: Mapping[str, Any]) -> str:
+    """Which engine runs under the pod's name: its uid (a StatefulSet pod deleted and created again keeps
+    its name, often its IP) and its containers' restarts (a container restarted in place keeps both). Either
+    changing means a new engine, with a new NIXL engine id and an empty KV cache."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or ()
+    restarts = sum(int(status.get("restartCount") or 0) for status in statuses)
+    return f"{(pod.get('metadata') or {}).get('uid', '')}/{restarts}"
 
 
 def snapshot_from_pods(pods: Iterable[Mapping[str, Any]], port_name: str = "http") -> Snapshot:

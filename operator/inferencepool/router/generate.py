@@ -5,6 +5,7 @@ orchestrator times what the scheduler learns from: idle prefill legs and KV tran
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -16,9 +17,10 @@ from inferencepool.router.adaptive import AdaptiveThreshold
 from inferencepool.router.calibration import Calibrator
 from inferencepool.router.config import RouterConfig
 from inferencepool.router.errors import UpstreamError
-from inferencepool.router.http1 import Reply, Request
+from inferencepool.router.http1 import Reply, Request, UpstreamFailure
 from inferencepool.router.legs import Legs
 from inferencepool.router.metrics import RouterMetrics
+from inferencepool.router.overload import PRIORITIES, PRIORITY_HEADER, Admission
 from inferencepool.router.pods import Pod, Queued
 from inferencepool.router.prompt import BadRequest, Endpoint, read_prompt
 from inferencepool.router.relay import NothingSent, Relay, Resumable
@@ -31,6 +33,16 @@ from inferencepool.scheduling.scheduler import Scheduler
 log = logging.getLogger("inferencepool.router")
 
 MAX_PREFIX_BLOCKS = 1024  # blocks hashed per prompt (256k tokens at 256 a block)
+
+
+def priority_of(request: Request) -> int:
+    """The request's X-Inferencepool-Priority (0-9, higher is shed last; 0 without the header)."""
+    value = request.headers.get(PRIORITY_HEADER)
+    if value is None:
+        return 0
+    if not value.strip().isdigit() or int(value) not in PRIORITIES:
+        raise BadRequest(f"{PRIORITY_HEADER}: {value!r} is not a priority from 0 to 9", param=PRIORITY_HEADER)
+    return int(value)
 
 
 class Orchestrator:
@@ -55,6 +67,19 @@ class Orchestrator:
         self.calibrator = calibrator
         self.scheduler = Scheduler(config.scheduling())
         self._block_tokens = self.scheduler.config.block_tokens
+        self._stream_headers = config.stream_headers_seconds()
+        self._releases: set[asyncio.Task[None]] = set()  # decode legs sent for clients that went away
+        overload = config.overload
+        self.admission = (
+            Admission(
+                legs.pods,
+                config.policy == "Colocated",
+                overload.queue_requests,
+                overload.queue_milliseconds / 1000,
+            )
+            if overload.enabled and config.engine_metrics_interval_milliseconds
+            else None
+        )
 
     async def generate(self, request: Request, reply: Reply, endpoint: Endpoint) -> None:
         started = time.monotonic()
@@ -64,6 +89,8 @@ class Orchestrator:
         except orjson.JSONDecodeError as error:
             raise BadRequest(f"request body is not valid JSON: {error}") from error
         prompt = read_prompt(body, endpoint, self.config.served_model_name)
+        if self.admission is not None:
+            await self.admission.admit(priority_of(request))
         block_tokens = self._block_tokens
         if block_tokens:
             tokens, keys = self.counter.measure_prefix(prompt, block_tokens, MAX_PREFIX_BLOCKS)
@@ -124,18 +151,69 @@ class Orchestrator:
             try:
                 await self._decode(job, route, decode_payload, decode_pod)
                 return
+            except asyncio.CancelledError:
+                if not job.decode_open and self.config.transfer_mode == "Nixl":
+                    self._release(request.path, decode_payload, headers, decode_pod)
+                raise
             except NothingSent as failure:
                 # Nothing reached the client (the KV source died, the transfer failed): serve it whole.
                 log.warning("decode leg after a KV transfer failed, serving colocated: %s", failure)
                 self.metrics.fallbacks.labels("decode_leg_failed").inc()
                 route, decode_payload, decode_pod = Route.FALLBACK, raw, None
-        await self._decode(job, route, decode_payload, decode_pod)
+        avoid = frozenset[str]()
+        for attempt in range(self.legs.max_attempts):
+            try:
+                await self._decode(job, route, decode_payload, decode_pod, avoid)
+                return
+            except NothingSent as failure:
+                # Nothing reached the client (the pod hung or died before its first event): another serves it.
+                if failure.pod is None or attempt + 1 == self.legs.max_attempts:
+                    raise UpstreamError(str(failure), 502) from failure
+                log.warning("decode leg failed before its first event, trying another pod: %s", failure)
+                self.metrics.retries.labels("decode").inc()
+                avoid, decode_pod = avoid | {failure.pod}, None
+
+    def _release(self, path: str, payload: bytes, headers: list[tuple[str, str]], pod: Pod | None) -> None:
+        """The client went away between the legs: the prefill pod holds the prompt's KV for a decode leg
+        that no engine has accepted. vLLM frees it when a decode engine reads it or when the lease
+        (kv_lease_duration) runs out; a decode engine that finishes or aborts such a request notifies the
+        prefill engine (nixl/pull_scheduler.py, request_finished), but only once it got the request. So the
+        decode leg goes out anyway, one token, not streamed, its answer dropped: the KV is read (or the
+        prefill engine notified) now, not at the lease's end."""
+        try:
+            body = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        body.update(max_tokens=1, stream=False)
+        for field in ("max_completion_tokens", "min_tokens", "stream_options"):
+            body.pop(field, None)
+        task = asyncio.create_task(self._release_leg(path, orjson.dumps(body), headers, pod))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _release_leg(
+        self, path: str, payload: bytes, headers: list[tuple[str, str]], pod: Pod | None
+    ) -> None:
+        try:
+            async with self.legs.open(
+                "decode", path, payload, headers, None, False, self.config.timeouts.prefill_seconds, pod
+            ) as leg:
+                await leg.response.body()
+            self.metrics.kv_releases.labels("read").inc()
+        except (UpstreamError, UpstreamFailure) as failure:
+            log.warning("the KV of a request whose client went away stays until its lease ends: %s", failure)
+            self.metrics.kv_releases.labels("failed").inc()
 
     def _count(self, job: _Job, route: Route) -> None:
+        if job.counted:
+            return
+        job.counted = True
         self.metrics.requests_by_route[route].inc()
         self.metrics.prompt_tokens_by_route[route].inc(job.tokens)
 
-    async def _decode(self, job: _Job, route: Route, payload: bytes, pod: Pod | None) -> None:
+    async def _decode(
+        self, job: _Job, route: Route, payload: bytes, pod: Pod | None, avoid: frozenset[str] = frozenset()
+    ) -> None:
         """The decode leg and its relay, counted under `route`.
 
         On the disaggregated route a failure before anything reached the client that another try could
@@ -154,9 +232,11 @@ class Orchestrator:
                 job.headers,
                 None,
                 job.stream,
-                self.config.timeouts.first_byte_seconds,
+                self._stream_headers if job.stream else self.config.timeouts.first_byte_seconds,
                 pod,
+                exclude=avoid,
             ) as leg:
+                job.decode_open = True
                 if job.queued is not None:
                     leg.first_token = job.queued.release
                 elif job.transfer is not None:
@@ -196,6 +276,8 @@ class _Job:
     tokens: int = 0  # prompt tokens as counted, for the per-route token counter the autoscaler reads
     queued: Queued | None = None  # a direct prompt's prefill work on its decode pod, until its first token
     transfer: TransferClock | None = None  # a disaggregated one's decode leg, on a pod that had no queue
+    counted: bool = False  # in the per-route counters (once, however many decode legs it took)
+    decode_open: bool = False  # a decode engine accepted the decode leg (it frees the KV if it is aborted)
 
 
 class TransferClock:

@@ -778,7 +778,9 @@ class Upstream:
         head.append("\r\n")
         conn.asked = True
         conn.transport.write("".join(head).encode("latin-1") + payload)
-        limit = self._idle_seconds if stream else timeout_seconds
+        # a stream's headers come once the engine accepted the request: the caller's limit, at most the idle
+        # one
+        limit = min(self._idle_seconds, timeout_seconds) if stream else timeout_seconds
         timer = asyncio.get_running_loop().call_later(
             limit, conn.fail, UpstreamFailure("timeout", f"no answer from {authority} in {limit:g} s")
         )

@@ -1,5 +1,11 @@
 """Legs: one request to an engine pod of a role, with the retries that are safe before any response byte.
 
+A streamed leg whose pod sends no response headers by the caller's deadline is on a hung pod (an engine
+sends a stream's headers as soon as it accepted the request, long before its first token): nothing was
+received or relayed, so it goes to another pod, and the hung one leaves the table (`Pod.unresponsive`) until
+its /metrics answers (engine_load.py). A whole (non-streamed) answer has no such early byte: its timeout is
+final.
+
 A leg is an async context manager: the pod it went to counts it as in flight (pods.in_flight, the one
 place that counts) from the moment it is sent until the block ends, and its connection goes back to the
 pool when the body was read to its end, else is closed (so the engine aborts the request).
@@ -41,7 +47,7 @@ class Legs:
         headers: Headers,
         affinity: int | None,
         stream: bool,
-        timeout_seconds: int,
+        timeout_seconds: float,
         pinned: Pod | None = None,
         exclude: frozenset[str] = frozenset(),
     ) -> OpenLeg:
@@ -82,7 +88,7 @@ class OpenLeg:
         headers: Headers,
         affinity: int | None,
         stream: bool,
-        timeout_seconds: int,
+        timeout_seconds: float,
         pinned: Pod | None,
         exclude: frozenset[str],
     ) -> None:
@@ -104,6 +110,7 @@ class OpenLeg:
         metrics = legs.metrics
         tried: set[str] = set(self._exclude)
         last_problem = f"no {role} pod is ready"
+        timed_out = False
         pinned = self._pinned
         for attempt in range(legs.max_attempts):
             if attempt == 0 and pinned is not None and pinned.accepts_new and pinned.name not in tried:
@@ -122,6 +129,14 @@ class OpenLeg:
                     )  # fmt: skip
                 except UpstreamFailure as failure:
                     metrics.upstream_errors.labels(pod.name, role, failure.kind).inc()
+                    if failure.kind == "timeout" and self._stream:
+                        if not pod.unresponsive:  # one cooldown step per hang, however many legs it held
+                            pod.unresponsive = True
+                            pod.record_failure(time.monotonic())  # /metrics may answer while requests hang
+                        last_problem = f"{role} pod {pod.name} sent nothing in {self._timeout:g} s"
+                        timed_out = True
+                        tried.add(pod.name)
+                        continue
                     if failure.kind == "timeout":
                         raise UpstreamError(f"{role} pod {pod.name} did not answer in time", 504) from failure
                     if failure.kind == "connect":
@@ -149,7 +164,7 @@ class OpenLeg:
                 # The leg outlives this block: the count stays up until __aexit__.
                 self._hold, self._response = hold.keep(), response
                 return Leg(pod, response)
-        status = 503 if len(tried) == len(self._exclude) else 502
+        status = 503 if len(tried) == len(self._exclude) else 504 if timed_out else 502
         raise UpstreamError(last_problem, status)
 
     async def __aexit__(self, *_: object) -> None:

@@ -74,10 +74,14 @@ class _LiveCollector(Collector):
         tally: dict[tuple[str, str], int] = {}
         for pod in self._state.pods.pods.values():
             in_flight.add_metric([pod.name, pod.role], pod.outstanding)
-            state = "serving" if pod.accepts_new else ("terminating" if pod.terminating else "not_ready")
+            state = (
+                ("unresponsive" if pod.unresponsive else "serving")
+                if pod.accepts_new
+                else ("terminating" if pod.terminating else "not_ready")
+            )
             tally[(pod.role, state)] = tally.get((pod.role, state), 0) + 1
         for role in ("prefill", "decode"):
-            for state in ("serving", "not_ready", "terminating"):
+            for state in ("serving", "unresponsive", "not_ready", "terminating"):
                 pods.add_metric([role, state], tally.get((role, state), 0))
         yield in_flight
         yield pods
@@ -189,6 +193,21 @@ class RouterMetrics:
             ["status"],
             registry=registry,
         )
+        self.shed = Counter(
+            f"{PREFIX}_shed_requests",
+            "Requests answered 429 because every pool they could use was saturated (its engines queueing) "
+            "and the router's queue was full, by the pools saturated (decode: Colocated; both) and the "
+            "request's priority",
+            ["role", "priority"],
+            registry=registry,
+        )
+        self.kv_releases = Counter(
+            f"{PREFIX}_kv_releases",
+            "Decode legs sent for clients that went away between the legs, so that the prefill pod's KV is "
+            "read now rather than held until its lease ends, by outcome (read, failed)",
+            ["outcome"],
+            registry=registry,
+        )
         self.client_disconnects = Counter(
             f"{PREFIX}_client_disconnects",
             "Requests whose client went away before the end",
@@ -217,6 +236,8 @@ class RouterMetrics:
         }
         self.ttft_by_route = {route: self.ttft.labels(route.value) for route in Route}
         self.itl_by_route = {route: self.itl.labels(route.value) for route in Route}
+        for outcome in ("read", "failed"):
+            self.kv_releases.labels(outcome)
         for reason in (
             "no_prefill_pod",
             "kv_incompatible",

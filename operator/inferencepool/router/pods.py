@@ -44,6 +44,7 @@ class PodSpec:
     ready: bool = True
     terminating: bool = False
     kv_compat: str | None = None  # the pod's LABEL_KV_COMPAT: prefill and decode pods pair on equal values
+    incarnation: str = ""  # discovery.incarnation: another value is another engine under the name
 
 
 @dataclass(eq=False, slots=True)
@@ -67,6 +68,10 @@ class Pod:
     kv_usage: float = 0.0
     queued_tokens: int = 0
     kv_compat: str | None = None
+    incarnation: str = ""
+    # answers neither its /metrics (engine_load.py) nor a streamed request's headers in time (legs.py): out
+    # of the table until its /metrics answers again
+    unresponsive: bool = False
     seed: int = 0  # the name's rendezvous seed
 
     def __post_init__(self) -> None:
@@ -204,10 +209,25 @@ class PodSet:
         fresh: dict[str, Pod] = {}
         for spec in specs:
             pod = self.pods.get(spec.name)
-            if pod is None or pod.url != spec.url or pod.role != spec.role or pod.kv_compat != spec.kv_compat:
-                if pod is not None:  # another engine under the name: its cache starts empty
+            if (
+                pod is None
+                or pod.url != spec.url
+                or pod.role != spec.role
+                or pod.kv_compat != spec.kv_compat
+                or pod.incarnation != spec.incarnation
+            ):
+                # Another engine under the name (a restart: the Pod watch says so before any request fails):
+                # its cache starts empty and nothing of the previous one's state carries over (load,
+                # cooldown, unresponsive). Legs still open on the old engine keep the old Pod (known=False).
+                if pod is not None:
                     self.prefixes.forget(spec.name)
-                pod = Pod(name=spec.name, url=spec.url, role=spec.role, kv_compat=spec.kv_compat)
+                pod = Pod(
+                    name=spec.name,
+                    url=spec.url,
+                    role=spec.role,
+                    kv_compat=spec.kv_compat,
+                    incarnation=spec.incarnation,
+                )
             pod.ready, pod.terminating, pod.known = spec.ready, spec.terminating, True
             fresh[spec.name] = pod
         for name, pod in self.pods.items():
@@ -222,11 +242,12 @@ class PodSet:
         return [pod for pod in self.pods.values() if pod.role == role]
 
     def available(self, role: EngineRole, now: float, exclude: frozenset[str] = frozenset()) -> list[Pod]:
-        """Pods that take new requests; those cooling down after a failure only when nothing else is left."""
+        """Pods that take new requests; those cooling down after a failure or unresponsive only when nothing
+        else is left."""
         open_pods = [
             p for p in self.pods.values() if p.role == role and p.accepts_new and p.name not in exclude
         ]
-        healthy = [p for p in open_pods if p.cooldown_until <= now]
+        healthy = [p for p in open_pods if p.cooldown_until <= now and not p.unresponsive]
         return healthy or open_pods
 
     def has_available(self, role: EngineRole) -> bool:

@@ -5,6 +5,11 @@ A relay that may still be retried (`retriable`: the decode leg of a disaggregate
 when its KV transfer failed) sends nothing to the client until the first event arrives and is not an
 error: a failure before that raises NothingSent, and the caller serves the request colocated instead.
 
+A stream's headers go to the client with its first event, so a stream whose pod hangs after answering the
+headers but before its first event (the pod leaves the table: engine_load.py) can still go elsewhere: while
+nothing was relayed, the relay looks at the pod a few times a second and, once it is unresponsive,
+drops the leg and raises NothingSent for the caller to serve the request on another pod.
+
 A stream whose engine dies after the client got part of the answer is resumed on another decode pod when
 the caller passes a Resumable (see resume.py): the relay then keeps what it sent and never sends a partial
 event, so the continuation's events follow whole ones and the client sees one answer.
@@ -12,6 +17,7 @@ event, so the continuation's events follow whole ones and the client sees one an
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -30,10 +36,16 @@ log = logging.getLogger("inferencepool.router")
 
 ROUTE_HEADER = "X-Inferencepool-Route"
 _RESUMES = 2  # decode pods tried after the first one died mid-stream
+_WATCH_SECONDS = 0.25  # how often a stream without its first event looks whether its pod hangs
 
 
 class NothingSent(Exception):
-    """The decode leg failed before anything reached the client, so the request can still be served."""
+    """The decode leg failed before anything reached the client, so the request can still be served
+    (`pod`: the one it failed on, when another should serve it)."""
+
+    def __init__(self, message: str, pod: str | None = None) -> None:
+        super().__init__(message)
+        self.pod = pod
 
 
 def is_error_event(data: bytes) -> bool:
@@ -67,7 +79,7 @@ class Relay:
         metrics: RouterMetrics,
         itl_sample: Callable[[float], None] | None,
         legs: Legs,
-        first_byte_seconds: int,
+        first_byte_seconds: float,  # a resumed stream's headers (legs.py: a pod silent so long is hung)
         direct_ttft_sample: Callable[[float], None] | None = None,
     ) -> None:
         self.metrics = metrics
@@ -112,8 +124,6 @@ class Relay:
             upstream.content_type or "text/event-stream",
             (("Cache-Control", "no-cache"), (ROUTE_HEADER, route)),
         )
-        if not retriable:
-            reply.start(*head)
         sent: list[bytes] | None = [] if resumable is not None else None
         broke = await self._stream(reply, leg, route, started, head, retriable, sent, None)
         if broke is None:
@@ -153,6 +163,24 @@ class Relay:
         previous = 0.0
         refused: list[bytes] = []
         held = b""
+        hung = False
+        loop = asyncio.get_running_loop()
+        watchdog: asyncio.TimerHandle | None = None
+
+        def watch() -> None:
+            nonlocal hung, watchdog
+            if previous:
+                return
+            if pod.unresponsive:
+                hung = True
+                upstream.abort(f"{pod.role} pod {pod.name} hung before its first event")
+            else:
+                watchdog = loop.call_later(period, watch)
+
+        # the pod leaves the table on the scrape's clock: look a few times a second, not once a deadline
+        period = min(self.first_byte_seconds, _WATCH_SECONDS)
+        if not reply.started:
+            watchdog = loop.call_later(period, watch)
 
         def on_data(data: bytes) -> None:
             nonlocal previous
@@ -177,7 +205,7 @@ class Relay:
             data = b"".join(pending) if len(pending) != 1 else pending[0]
             pending.clear()
             if not reply.started:
-                if is_error_event(data):
+                if retriable and is_error_event(data):
                     refused.append(data)
                     upstream.abort("the decode leg's first event is an error")
                     return
@@ -202,15 +230,22 @@ class Relay:
             await upstream.relay(on_data, on_flush)
         except UpstreamFailure as failure:
             self.metrics.upstream_errors.labels(pod.name, pod.role, "stream").inc()
+            if hung and not reply.started:
+                raise NothingSent(
+                    f"{pod.role} pod {pod.name} hung before its first event", pod.name
+                ) from None
             if refused:
                 raise self._refused(pod.name, refused[0]) from failure
             if not reply.started:
                 if failure.kind != "timeout":
                     raise NothingSent(
-                        f"decode pod {pod.name} failed before its first event: {failure}"
+                        f"decode pod {pod.name} failed before its first event: {failure}", pod.name
                     ) from None
                 reply.start(*head)
             return failure
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
         if refused:  # the whole answer was one error event
             self.metrics.upstream_errors.labels(pod.name, pod.role, "stream").inc()
             raise self._refused(pod.name, refused[0])

@@ -34,6 +34,7 @@ from inferencepool.router.http1 import Reply, Request, Server, Upstream, Upstrea
 from inferencepool.router.legs import Legs
 from inferencepool.router.lmcache_pd import PDNotifications
 from inferencepool.router.metrics import LiveState, RouterMetrics
+from inferencepool.router.overload import PRIORITIES, Admission, Shed
 from inferencepool.router.pods import PodSet
 from inferencepool.router.prompt import BadRequest, Endpoint
 from inferencepool.router.relay import ROUTE_HEADER, Relay
@@ -73,6 +74,11 @@ class Router:
             )
         )
         self.adaptive = AdaptiveThreshold(config, self.metrics)
+        # every series a shed could add, at 0 from the start (a rate over a series that appears late misses
+        # its first increase)
+        self._shed_role = "decode" if config.policy == "Colocated" else "both"
+        for priority in PRIORITIES:
+            self.metrics.shed.labels(self._shed_role, str(priority))
         self.draining = False
         self.in_flight = 0
         self._idle = asyncio.Event()
@@ -82,6 +88,11 @@ class Router:
         self._routes: dict[tuple[str, str], Callable[[Request, Reply], Awaitable[None]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._notifications: PDNotifications | None = None  # LMCache PD mode only
+
+    @property
+    def admission(self) -> Admission | None:
+        """The overload queue (None: overload.enabled is off, or engine metrics are not read)."""
+        return self._orchestrator.admission if self._orchestrator is not None else None
 
     @property
     def threshold(self) -> int:
@@ -115,7 +126,7 @@ class Router:
         )
         itl_sample = self.adaptive.itl_samples.add if self.adaptive.enabled else None
         ttft_sample = self.adaptive.direct_ttft_samples.add if self.adaptive.enabled else None
-        relay = Relay(self.metrics, itl_sample, legs, timeouts.first_byte_seconds, ttft_sample)
+        relay = Relay(self.metrics, itl_sample, legs, config.stream_headers_seconds(), ttft_sample)
         self._orchestrator = Orchestrator(
             config, self.counter, legs, transfer, relay, self.metrics, self.adaptive, calibrator
         )
@@ -132,8 +143,12 @@ class Router:
         if calibrator is not None:
             self._tasks.append(asyncio.create_task(calibrator.run()))
         if config.engine_metrics_interval_milliseconds:
+            admission = self._orchestrator.admission
             engine_load = EngineLoad(
-                self.pods, self._upstream, config.engine_metrics_interval_milliseconds / 1000
+                self.pods,
+                self._upstream,
+                config.engine_metrics_interval_milliseconds / 1000,
+                admission.refresh if admission is not None else None,
             )
             self._tasks.append(asyncio.create_task(engine_load.run()))
 
@@ -237,6 +252,12 @@ class Router:
         except BadRequest as error:
             self.metrics.rejected.labels(str(error.status)).inc()
             send_error(reply, str(error), error.error_type, error.status, error.param)
+        except Shed as shed:
+            self.metrics.rejected.labels("429").inc()
+            self.metrics.shed.labels(self._shed_role, str(shed.priority)).inc()
+            retry_after = str(self.config.overload.retry_after_seconds)
+            body = error_body(str(shed), "RateLimitError", 429)
+            reply.send(429, body, headers=(("Retry-After", retry_after),))
         except UpstreamError as error:
             self.metrics.rejected.labels(str(error.status)).inc()
             kind = "ServiceUnavailableError" if error.status == 503 else "BadGatewayError"

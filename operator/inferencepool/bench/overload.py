@@ -1,0 +1,166 @@
+"""`inferencepool bench overload`: twice the load a pool can hold, with and without shedding.
+
+Fake decode engines (`--engines`, each its own process, profile cpu-demo at `--time-scale`, at most
+`--max-num-seqs` running each, so the pool holds engines x max-num-seqs streams) sit behind this router (its
+own process, policy Colocated). `--load` times that many clients send streamed requests back to back for
+`--seconds`; a client answered 429 waits the Retry-After before its next request, as OpenAI's clients do.
+
+Two modes in the same run: `queue` (overload off: every request waits inside the engines, the baseline)
+and `shed` (overload on, the router's queue `--queue-requests`). Per mode: requests answered, the share
+answered 429, and the time to first event of the admitted ones (p50, p90), the shed mode's as a ratio of
+the baseline's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inferencepool.bench.resume import _processes, _start
+
+MODEL = "bench"
+MODES = ("queue", "shed")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engines", type=int, default=2)
+    parser.add_argument("--max-num-seqs", type=int, default=8, help="streams each engine runs at once")
+    parser.add_argument(
+        "--load", type=float, default=2.0, help="clients, as a multiple of what the pool holds"
+    )
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--queue-requests", type=int, default=4, help="the router's queue (shed mode)")
+    parser.add_argument("--time-scale", type=float, default=5.0, help="engine time scale (> 1 is slower)")
+
+
+@dataclass
+class Result:
+    mode: str
+    answered: int = 0
+    shed: int = 0
+    failed: int = 0
+    first_event_s: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, float]:
+        ttft = sorted(self.first_event_s)
+        return {
+            "answered": self.answered,
+            "shed_share": self.shed / max(1, self.answered + self.shed),
+            "ttft_p50_ms": 1000 * statistics.median(ttft) if ttft else float("nan"),
+            "ttft_p90_ms": 1000 * ttft[int(0.9 * (len(ttft) - 1))] if ttft else float("nan"),
+        }
+
+
+async def _client(
+    http: Any, router: str, args: argparse.Namespace, stop: float, result: Result, i: int
+) -> None:
+    import aiohttp
+
+    n = 0
+    while time.monotonic() < stop:
+        n += 1
+        body = {
+            "model": MODEL,
+            "prompt": f"client {i} request {n}",
+            "max_tokens": args.max_tokens,
+            "stream": True,
+        }
+        began = time.monotonic()
+        first: float | None = None
+        try:
+            async with http.post(router + "/v1/completions", json=body) as response:
+                if response.status == 429:
+                    result.shed += 1
+                    await response.read()
+                    await asyncio.sleep(float(response.headers.get("Retry-After", "1")))
+                    continue
+                if response.status != 200:
+                    result.failed += 1
+                    continue
+                async for piece in response.content.iter_any():
+                    if first is None and b"data:" in piece:
+                        first = time.monotonic() - began
+        except (aiohttp.ClientError, TimeoutError):
+            result.failed += 1
+            continue
+        result.answered += 1
+        if first is not None:
+            result.first_event_s.append(first)
+
+
+async def one_run(args: argparse.Namespace, mode: str, http: Any) -> Result:
+    result = Result(mode)
+    async with _processes() as started:
+        urls = []
+        for _ in range(args.engines):
+            process, url = await _start(
+                [sys.executable, "-m", "inferencepool", "fake-engine", "serve", MODEL,
+                 "--profile", "cpu-demo", "--time-scale", str(args.time_scale),
+                 "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", "2048",
+                 "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING"]
+            )  # fmt: skip
+            started.append(process)
+            urls.append(url)
+        config = {
+            "static": {"prefill": [], "decode": urls},
+            "servedModelName": MODEL,
+            "policy": "Colocated",
+            "overload": {"enabled": mode == "shed", "queueRequests": args.queue_requests},
+        }
+        env = {**os.environ, "INFERENCEPOOL_ROUTER_CONFIG": json.dumps(config)}
+        process, router = await _start(
+            [sys.executable, "-m", "inferencepool", "router", "--host", "127.0.0.1", "--port", "0",
+             "--log-level", "ERROR"],
+            env,
+        )  # fmt: skip
+        started.append(process)
+        clients = round(args.load * args.engines * args.max_num_seqs)
+        stop = time.monotonic() + args.seconds
+        await asyncio.gather(*(_client(http, router, args, stop, result, i) for i in range(clients)))
+    return result
+
+
+async def _bench(args: argparse.Namespace) -> list[Result]:
+    import aiohttp
+
+    results = []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as http:
+        for mode in MODES:
+            result = await one_run(args, mode, http)
+            results.append(result)
+            s = result.summary()
+            print(
+                f"{mode:>6}: {s['answered']:.0f} answered, {100 * s['shed_share']:.1f}% answered 429, "
+                f"{result.failed} failed; first event of those admitted p50 {s['ttft_p50_ms']:.0f} ms, "
+                f"p90 {s['ttft_p90_ms']:.0f} ms",
+                flush=True,
+            )
+    base, shed = (r.summary() for r in results)
+    print(
+        f"shed / queue: TTFT p50 x{shed['ttft_p50_ms'] / base['ttft_p50_ms']:.2f}, "
+        f"p90 x{shed['ttft_p90_ms'] / base['ttft_p90_ms']:.2f}"
+    )
+    return results
+
+
+def run(args: argparse.Namespace) -> int:
+    results = asyncio.run(_bench(args))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    document = {
+        "args": {k: v for k, v in vars(args).items() if isinstance(v, int | float | str)},
+        "results": [{**asdict(r), "summary": r.summary()} for r in results],
+    }
+    (out / "overload.json").write_text(json.dumps(document, indent=2))
+    print(f"wrote {out / 'overload.json'}")
+    return 0
