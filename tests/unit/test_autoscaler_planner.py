@@ -25,6 +25,12 @@ MODEL = CapacityModel(
     max_num_seqs=256,
 )
 INTERVAL = 15.0
+TOKENS_PER_LONG_SECOND = 4000 / 0.5  # the prompt tokens of one second of work on the long route
+
+
+def in_tokens(burst_work_seconds: float | None) -> float | None:
+    """The router's burst window counts tokens: a burst of long prompts, by its work."""
+    return None if burst_work_seconds is None else burst_work_seconds * TOKENS_PER_LONG_SECOND
 
 
 def settings(**changes: object) -> p.PlannerSettings:
@@ -330,7 +336,7 @@ def test_a_burst_shorter_than_a_model_load_is_held_for_the_burst_memory() -> Non
     def with_burst(now: float, burst: float | None, prefill: int) -> p.Plan:
         quiet = observe(now, 0.1, prefill=prefill)
         assert quiet.to_prefill is not None
-        load = p.RouteLoad(quiet.to_prefill.prompts, quiet.to_prefill.prompt_tokens, None, burst)
+        load = p.RouteLoad(quiet.to_prefill.prompts, quiet.to_prefill.prompt_tokens, None, in_tokens(burst))
         return planner.decide(
             p.Observation(now, INTERVAL, load, quiet.direct, 0, quiet.prefill, quiet.decode)
         )
@@ -340,6 +346,11 @@ def test_a_burst_shorter_than_a_model_load_is_held_for_the_burst_memory() -> Non
     for i in range(2, 10):  # quiet intervals: held while the burst is remembered, then one step down
         replicas = with_burst(15 * i, 0.0, replicas).prefill.replicas
         assert replicas == (2 if 15 * i <= 75 else 1)
+    # the window's tokens at the interval's work per token; an interval that counted none: one prompt's
+    load = p.RouteLoad(2, 8000, burst_prompt_tokens=48_000)
+    assert load.burst_work(MODEL) == pytest.approx(6.0)
+    assert p.RouteLoad(0, 0, burst_prompt_tokens=4000).burst_work(MODEL) == pytest.approx(0.5)
+    assert p.RouteLoad(2, 8000).burst_work(MODEL) is None
     memory = BurstMemory(memory_seconds=100, quantile=0.5)
     for t, v in ((0, 1.0), (10, 5.0), (20, 3.0)):
         memory.observe(t, v)
@@ -391,7 +402,7 @@ def test_a_burst_is_remembered_above_the_level_it_came_on(
     def at(now: float, level: float, burst: float, prefill: int) -> p.Plan:
         base = observe(now, level, prefill=prefill)
         assert base.to_prefill is not None
-        load = p.RouteLoad(base.to_prefill.prompts, base.to_prefill.prompt_tokens, None, burst)
+        load = p.RouteLoad(base.to_prefill.prompts, base.to_prefill.prompt_tokens, None, in_tokens(burst))
         return planner.decide(p.Observation(now, INTERVAL, load, base.direct, 0, base.prefill, base.decode))
 
     replicas = at(15, level_then, 6.0, 4).prefill.replicas

@@ -52,7 +52,7 @@ from inferencepool.observability.metrics import (
 from inferencepool.perf.profiles import get_profile
 from inferencepool.router.metrics import LiveState, RouterMetrics
 from inferencepool.router.pods import PodSet
-from inferencepool.scheduling.decider import Route
+from inferencepool.scheduling.decider import Route, RouteReason
 
 
 class Engine:
@@ -76,12 +76,14 @@ class Engine:
 class Router:
     def __init__(self) -> None:
         state = LiveState(PodSet(), lambda: 2048, lambda: "estimate", lambda: "", lambda: 4.0, dict)
-        self.metrics = RouterMetrics(state)
+        self.now = 0.0
+        self.metrics = RouterMetrics(state, lambda: self.now)
 
-    def route(self, route: Route, prompt: int, ttft: float) -> None:
+    def route(self, route: Route, prompt: int, ttft: float, reason: RouteReason = RouteReason.LONG) -> None:
         self.metrics.requests_by_route[route].inc()
         self.metrics.prompt_tokens_by_route[route].inc(prompt)
         self.metrics.ttft_by_route[route].observe(ttft)
+        self.metrics.arrived(route, reason, prompt)
 
     def page(self) -> tuple[RouterSample | None, Histogram | None]:
         return read_router(parse_page(generate_latest(self.metrics.registry).decode()))
@@ -129,6 +131,59 @@ def test_router_pages_give_requests_and_tokens_by_route_and_the_direct_ttft() ->
     change = deltas.step({"r": sample})  # type: ignore[dict-item]
     assert change == RouterSample(Counts((2, 1, 1)), Counts((400, 8000, 6000)))
     assert direct is not None and direct.count == 2  # only route="direct"
+
+
+def test_the_router_s_largest_arrival_window_reaches_the_planner_s_observation() -> None:
+    """The burst the planner holds for: the most prompt tokens that arrived in one of the router's windows
+    over the interval, per pool, read from the router's page."""
+    router = Router()
+    deltas: Deltas[RouterSample] = Deltas()
+    first, _ = router.page()
+    deltas.step({"r": first})  # type: ignore[dict-item]
+    for at, route, tokens, reason in (
+        (0.5, Route.DISAGGREGATED, 8000, RouteReason.LONG),
+        (1.0, Route.DIRECT, 6000, RouteReason.PREFILL_BUSY),  # prefill demand: the same window's burst
+        (1.5, Route.DIRECT, 400, RouteReason.SHORT),
+        (7.0, Route.DISAGGREGATED, 3000, RouteReason.LONG),
+        (9.0, Route.DIRECT, 100, RouteReason.SHORT),
+    ):
+        router.now = at
+        router.route(route, tokens, 0.1, reason)
+    router.now = 15.0  # the scrape: windows [0, 2) .. [12, 14) ended, idle ones among them
+    sample, _ = router.page()
+    change = deltas.step({"r": sample})  # type: ignore[dict-item]
+    assert change is not None and change.burst_tokens is not None
+    prefill_burst, direct_burst = change.burst_tokens
+    # 14,000 in one window, read as the top of its bucket (under 19% over); one 400 and one 100 direct
+    assert prefill_burst is not None and 14_000 <= prefill_burst <= 14_000 * 2**0.25
+    assert direct_burst is not None and 400 <= direct_burst <= 400 * 2**0.25
+    obs = observation(15.0, 15.0, reading(None), reading(None), RouterReading(change, None), 10_000)
+    assert obs.to_prefill is not None and obs.to_prefill.burst_prompt_tokens == prefill_burst
+    assert obs.direct is not None and obs.direct.burst_prompt_tokens == direct_burst
+    router.now = 17.0  # one idle window since
+    idle = deltas.step({"r": router.page()[0]})  # type: ignore[dict-item]
+    assert idle is not None and idle.burst_tokens == (0.0, 0.0)
+
+
+def test_routers_that_share_the_arrivals_add_their_largest_windows() -> None:
+    routers, deltas = (Router(), Router()), Deltas[RouterSample]()
+    deltas.step({str(i): r.page()[0] for i, r in enumerate(routers)})  # type: ignore[misc]
+    for router, tokens in zip(routers, (200, 100), strict=True):
+        router.now = 1.0
+        router.route(Route.DIRECT, tokens, 0.1, RouteReason.SHORT)
+        router.now = 4.0
+    change = deltas.step({str(i): r.page()[0] for i, r in enumerate(routers)})  # type: ignore[misc]
+    assert change is not None and change.burst_tokens == (0.0, 300.0)  # no prefill arrivals: idle windows
+
+
+def test_a_router_without_arrival_windows_gives_the_planner_no_burst() -> None:
+    sample, _ = Router().page()
+    assert sample is not None and sample.windows is not None
+    bare = RouterSample(sample.requests, sample.prompt_tokens)
+    change = bare.minus(bare)
+    assert change.burst_tokens is None
+    obs = observation(15.0, 15.0, reading(None), reading(None), RouterReading(change, None), 10_000)
+    assert obs.to_prefill is not None and obs.to_prefill.burst_prompt_tokens is None
 
 
 def reading(load: EngineSample | None, **fields: Any) -> RoleReading:

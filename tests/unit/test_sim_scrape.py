@@ -45,6 +45,11 @@ def test_the_simulators_pages_read_by_the_operators_feed_give_the_planner_its_in
         # 10 req/s, one in 5 long: the router's counts by route, over a 5 s interval
         assert 7 <= obs.to_prefill.prompts <= 13 and 30 <= obs.direct.prompts <= 50, obs
         assert obs.direct.prompt_tokens == 300 * obs.direct.prompts
+        # the router's arrival windows (2 s, the sim's clock): 20 prompts each, 4 (or 5, a prompt on the
+        # edge) long for the prefill pool, the rest direct; read as the top of the largest one's bucket
+        burst, direct_burst = obs.to_prefill.burst_prompt_tokens, obs.direct.burst_prompt_tokens
+        assert burst is not None and 4 * 6000 <= burst <= 5 * 6000 * 2**0.25, obs
+        assert direct_burst is not None and 15 * 300 <= direct_burst <= 17 * 300 * 2**0.25, obs
         # the prefill engines' own count of the prompt tokens they computed stands for the route's tokens
         assert 5000 * obs.to_prefill.prompts <= obs.to_prefill.prompt_tokens <= 6000 * obs.to_prefill.prompts
         # the decode engines' generation counter: 40 tokens a request

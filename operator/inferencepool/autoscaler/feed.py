@@ -15,7 +15,9 @@ Per router pod: requests and prompt tokens by route (`inferencepool_router_reque
 (route="direct") over the percentile window; and the prompts the router sent direct only because the prefill
 pool was busy (`inferencepool_router_disaggregation_decisions{reason="prefill_busy"}` and
 `..._decision_prompt_tokens`): they count as demand for the prefill pool, not for decode (the policy wanted
-them prefilled there), and as work the decode pods did.
+them prefilled there), and as work the decode pods did. And, per pool, the most prompt tokens that arrived in
+one of the router's fixed windows over the interval (`inferencepool_router_window_prompt_tokens`, a histogram
+of each window's total by pool): the bursts the planner holds capacity for.
 
 The prefill engines' own count of the prompt tokens they computed (prompt tokens less prefix-cache hits, local
 or external) stands for the disaggregated route's tokens where they were read: the engines tokenize, the
@@ -57,6 +59,8 @@ ROUTER_PROMPT_TOKENS = "inferencepool_router_routed_prompt_tokens"
 ROUTER_TTFT = "inferencepool_router_time_to_first_token_seconds"
 ROUTER_DECISIONS = "inferencepool_router_disaggregation_decisions"
 ROUTER_DECISION_TOKENS = "inferencepool_router_disaggregation_decision_prompt_tokens"
+ROUTER_WINDOW_TOKENS = "inferencepool_router_window_prompt_tokens"
+WINDOW_POOLS = ("prefill", "direct")  # the pool label, in RouteLoad order: (to the prefill pool, direct)
 BYPASS_REASON = "prefill_busy"  # long prompts sent direct because the prefill pool's queue was too long
 ROUTES = ("direct", "disaggregated", "fallback")
 
@@ -144,6 +148,18 @@ def read_engine(page: Page, latency_metric: str) -> tuple[EngineSample | None, E
     return sample, gauges
 
 
+def largest_window(windows: Histogram) -> float | None:
+    """The largest window total a histogram of window totals holds (None without windows): the top of
+    the highest bucket with a window in it, or the windows' sum when that is less (one busy window among idle
+    ones reads exactly)."""
+    if windows.count <= 0:
+        return None
+    for bound, cumulative in zip(windows.bounds, windows.counts, strict=True):
+        if cumulative >= windows.count:
+            return min(bound, windows.sum)
+    return windows.sum
+
+
 @dataclass(frozen=True, slots=True)
 class RouterSample:
     """One router pod's cumulative requests and prompt tokens by route (tokens None on a router without
@@ -153,6 +169,11 @@ class RouterSample:
     prompt_tokens: Counts | None
     # (requests, prompt tokens) sent direct because the prefill pool was busy; a detail of `requests`
     bypassed: Counts | None = field(default=None, compare=False)
+    # the arrival windows' totals by pool (prefill, direct), cumulative as read
+    windows: tuple[Histogram, Histogram] | None = field(default=None, compare=False)
+    # after `minus`: the largest window of the interval by pool; summed over routers (each saw a share of
+    # the same arrivals, so the sum of their largest windows bounds the pool's largest from above)
+    burst_tokens: tuple[float | None, float | None] | None = field(default=None, compare=False)
 
     def minus(self, earlier: RouterSample) -> RouterSample:
         tokens = self.prompt_tokens
@@ -161,7 +182,11 @@ class RouterSample:
         bypassed = self.bypassed
         if bypassed is not None and earlier.bypassed is not None:
             bypassed = bypassed.minus(earlier.bypassed)
-        return RouterSample(self.requests.minus(earlier.requests), tokens, bypassed)
+        windows, burst = self.windows, None
+        if windows is not None and earlier.windows is not None:
+            prefill, direct = (now.minus(then) for now, then in zip(windows, earlier.windows, strict=True))
+            windows, burst = (prefill, direct), (largest_window(prefill), largest_window(direct))
+        return RouterSample(self.requests.minus(earlier.requests), tokens, bypassed, windows, burst)
 
     def plus(self, other: RouterSample) -> RouterSample:
         tokens = (
@@ -172,7 +197,14 @@ class RouterSample:
         bypassed = (
             None if self.bypassed is None or other.bypassed is None else self.bypassed.plus(other.bypassed)
         )
-        return RouterSample(self.requests.plus(other.requests), tokens, bypassed)
+        burst = None
+        if self.burst_tokens is not None and other.burst_tokens is not None:
+            prefill, direct = (
+                None if a is None and b is None else (a or 0.0) + (b or 0.0)
+                for a, b in zip(self.burst_tokens, other.burst_tokens, strict=True)
+            )
+            burst = (prefill, direct)
+        return RouterSample(self.requests.plus(other.requests), tokens, bypassed, None, burst)
 
 
 def read_router(page: Page) -> tuple[RouterSample | None, Histogram | None]:
@@ -187,13 +219,30 @@ def read_router(page: Page) -> tuple[RouterSample | None, Histogram | None]:
         if decisions is None or decision_tokens is None
         else Counts((*decisions.values, *decision_tokens.values))
     )
+    windows = page.get(ROUTER_WINDOW_TOKENS)
+    prefill_windows, direct_windows = (
+        (None, None)
+        if windows is None
+        else (
+            read_histogram(
+                {ROUTER_WINDOW_TOKENS: [s for s in windows if s[1].get("pool") == pool]}, ROUTER_WINDOW_TOKENS
+            )
+            for pool in WINDOW_POOLS
+        )
+    )
     ttft = page.get(ROUTER_TTFT)
     direct = (
         None
         if ttft is None
         else read_histogram({ROUTER_TTFT: [s for s in ttft if s[1].get("route") == "direct"]}, ROUTER_TTFT)
     )
-    return (None if requests is None else RouterSample(requests, tokens, bypassed)), direct
+    sample = None
+    if requests is not None:
+        both = (
+            None if prefill_windows is None or direct_windows is None else (prefill_windows, direct_windows)
+        )
+        sample = RouterSample(requests, tokens, bypassed, both)
+    return sample, direct
 
 
 class Deltas(Generic[Sample]):
@@ -395,9 +444,12 @@ def _routes(
             bypassed = RouteLoad(n_bypassed, t_bypassed)
             n_direct, t_direct = n_direct - n_bypassed, t_direct - t_bypassed
             n_fallback, t_fallback = n_fallback + n_bypassed, t_fallback + t_bypassed
+        b_prefill, b_direct = router.burst_tokens or (None, None)
         return (
-            RouteLoad(n_disaggregated + n_fallback, t_disaggregated + t_fallback),
-            RouteLoad(n_direct, t_direct),
+            RouteLoad(
+                n_disaggregated + n_fallback, t_disaggregated + t_fallback, burst_prompt_tokens=b_prefill
+            ),
+            RouteLoad(n_direct, t_direct, burst_prompt_tokens=b_direct),
             bypassed,
         )
     # An older router: the tokens from the engines (a prefill pod prefills only disaggregated prompts, a

@@ -20,9 +20,9 @@ Demand, in engine-seconds of work per second (`capacity.CapacityModel`):
 Forecast: the prefill pool's and the decode pool's demand one model load plus one interval ahead
 (`forecast.Forecaster`: trend and recent level), times the correction, the latency factor and the headroom.
 Bursts shorter than a model load cannot be followed, so each role also holds enough to drain the q-quantile
-burst of the last half hour (a burst: the most prefill work that arrived within
-`burst_window_seconds`, as the router counts it, above the route's load level when it came) on top of
-today's level within the TTFT target.
+burst of the last half hour (a burst: the most prefill work that arrived within one of the router's
+`burst_window_seconds` arrival windows, above the route's load level when it came) on top of today's level
+within the TTFT target.
 
 Capacity of one replica at the target:
 - prefill: a utilisation cap from the TTFT target, M/D/1 style. With S the service time of the mean prompt,
@@ -123,7 +123,7 @@ class PlannerSettings:
     trend_seconds: float = 300.0
     min_trend_samples: int = 4  # no trend read from fewer samples (a line through 2 or 3 extrapolates noise)
     recent_seconds: float = 60.0  # the forecast's floor: the mean of the last samples (bursts held apart)
-    burst_window_seconds: float = 2.0  # what the router's burst_work_seconds counts over
+    burst_window_seconds: float = 2.0  # the router's arrival window (router.metrics.ARRIVAL_WINDOW_SECONDS)
     burst_memory_seconds: float = 1800.0
     # how big a burst of the memory the pools stand ready for. Not the SLO's percentile: a burst packs many
     # requests into one interval, so holding for the p90 interval misses far more than 10% of requests (an
@@ -152,7 +152,8 @@ class RouteLoad:
     prompts: int
     prompt_tokens: int
     work_seconds: float | None = None  # sum of the capacity model's prefill cost per prompt, if counted
-    burst_work_seconds: float | None = None  # the most of that work arriving in any burst window
+    # the most prompt tokens that arrived in one of the router's burst windows over the interval
+    burst_prompt_tokens: float | None = None
 
     def work(self, model: CapacityModel) -> float:
         if self.work_seconds is not None:
@@ -160,6 +161,17 @@ class RouteLoad:
         if self.prompts <= 0:
             return 0.0
         return self.prompts * model.prefill_seconds(self.prompt_tokens / self.prompts)
+
+    def burst_work(self, model: CapacityModel) -> float | None:
+        """The prefill work of the burst window: its tokens at the interval's work per token (the window's
+        prompts are the interval's mix), or as one prompt when the interval counted none (its windows may
+        close after their prompts were counted)."""
+        tokens = self.burst_prompt_tokens
+        if tokens is None:
+            return None
+        if self.prompt_tokens > 0:
+            return tokens * self.work(model) / self.prompt_tokens
+        return model.prefill_seconds(tokens)
 
 
 @dataclass(frozen=True)
@@ -362,10 +374,9 @@ class Planner:
             levels = state.forecasters["level"] = Forecaster(s.trend_seconds, 0.0)
         levels.observe(self._now, work)
         level = levels.mean(self._now, s.trend_seconds) or 0.0
-        if load.burst_work_seconds is not None:
-            state.bursts.observe(
-                self._now, max(0.0, load.burst_work_seconds - level * s.burst_window_seconds)
-            )
+        burst = load.burst_work(self.model)
+        if burst is not None:
+            state.bursts.observe(self._now, max(0.0, burst - level * s.burst_window_seconds))
         held = level * s.burst_window_seconds + state.bursts.level()
         return held / (s.burst_window_seconds + s.ttft_target_seconds)
 

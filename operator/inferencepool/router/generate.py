@@ -108,6 +108,7 @@ class Orchestrator:
         uncached = decision.uncached_tokens
         self.metrics.decisions_by_reason[reason].inc()
         self.metrics.decision_tokens_by_reason[reason].inc(tokens)
+        self.metrics.arrived(route, reason, tokens)
         if route is Route.FALLBACK:
             self.metrics.fallbacks.labels(reason.value).inc()
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex

@@ -7,17 +7,35 @@ by a collector, so they cost nothing per request.
 
 from __future__ import annotations
 
+import math
+import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 from inferencepool.router.pods import PodSet
 from inferencepool.scheduling.decider import Route, RouteReason
 
 PREFIX = "inferencepool_router"
+ARRIVAL_WINDOW = f"{PREFIX}_window_prompt_tokens"
+# The planner's burst window (PlannerSettings.burst_window_seconds): it holds what drains a window's work
+# within the window plus the TTFT target, so the window is of the target's order. Much shorter counts one
+# long prompt as a burst; much longer averages a burst into the level. Fixed windows, not sliding: a burst
+# of a few seconds or more fills one whole window at its rate, as a sliding window would read it.
+ARRIVAL_WINDOW_SECONDS = 2.0
+# 0 (an idle window), then four buckets an octave from 128 tokens to 2M: the largest window of an
+# interval is read as the top of its bucket (at most 19% over), capped by the interval's sum.
+ARRIVAL_BUCKETS = (0.0, *(round(128 * 2 ** (i / 4)) for i in range(4 * 14 + 1)))
+ARRIVAL_POOLS = ("prefill", "direct")
 # vLLM's own TTFT and ITL buckets, so router-observed and engine-observed figures line up bucket for bucket.
 TTFT_BUCKETS = (
     0.001,
@@ -56,6 +74,71 @@ class LiveState:
     chars_per_token: Callable[[], float]
     # LMCache PD mode: ProxyNotif messages by outcome (received, malformed, unclaimed); empty otherwise.
     kv_push_notifications: Callable[[], dict[str, int]]
+
+
+def arrival_pool(route: Route, reason: RouteReason) -> str:
+    """Which pool a prompt's prefill is demand for: the prefill pool's when the router sent it there, or
+    meant to (fallback, and prompts sent direct only because the prefill pool was busy, as the autoscaler's
+    feed counts them), else the decode pods' (direct)."""
+    if route is Route.DIRECT and reason is not RouteReason.PREFILL_BUSY:
+        return "direct"
+    return "prefill"
+
+
+class WindowTotals:
+    """Prompt tokens that arrived in each fixed window of `seconds` (aligned to the clock's multiples of it),
+    as a histogram of the windows' totals: a window is observed once it has ended, idle ones as 0, so the
+    count grows by one per window whatever the traffic and a reader that differences two scrapes sees every
+    window that ended between them. Closed lazily (on the next arrival or scrape): the hot path adds a float.
+    """
+
+    def __init__(self, seconds: float, bounds: tuple[float, ...], clock: Callable[[], float]) -> None:
+        self.seconds = seconds
+        self.bounds = bounds
+        self._clock = clock
+        self._window = math.floor(clock() / seconds)
+        self._open = 0.0
+        self.counts = [0] * (len(bounds) + 1)  # per bucket, not cumulative; the last is +Inf
+        self.sum = 0.0
+
+    def _close_before(self, window: int) -> None:
+        if window <= self._window:
+            return
+        self.counts[bisect_left(self.bounds, self._open)] += 1
+        self.sum += self._open
+        self.counts[0] += window - self._window - 1  # the idle windows in between
+        self._window, self._open = window, 0.0
+
+    def add(self, amount: float) -> None:
+        self._close_before(math.floor(self._clock() / self.seconds))
+        self._open += amount
+
+    def closed(self) -> tuple[list[tuple[str, float]], float]:
+        """The windows ended by now: cumulative (le, count) buckets, +Inf last, and their sum."""
+        self._close_before(math.floor(self._clock() / self.seconds))
+        buckets, total = [], 0
+        for bound, count in zip((*self.bounds, math.inf), self.counts, strict=True):
+            total += count
+            buckets.append(("+Inf" if math.isinf(bound) else repr(float(bound)), float(total)))
+        return buckets, self.sum
+
+
+class _ArrivalCollector(Collector):
+    def __init__(self, windows: dict[str, WindowTotals]) -> None:
+        self._windows = windows
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(
+            ARRIVAL_WINDOW,
+            f"Prompt tokens that arrived in each {ARRIVAL_WINDOW_SECONDS:g} s window (idle windows as 0), by "
+            "the pool whose prefill they are demand for: prefill (sent or meant for the prefill pool) or "
+            "direct (prefilled on decode pods). The autoscaler holds capacity for the largest (bursts)",
+            labels=["pool"],
+        )
+        for pool, windows in self._windows.items():
+            buckets, total = windows.closed()
+            family.add_metric([pool], buckets, total)
+        yield family
 
 
 class _LiveCollector(Collector):
@@ -113,9 +196,13 @@ class _LiveCollector(Collector):
 
 
 class RouterMetrics:
-    def __init__(self, state: LiveState) -> None:
+    def __init__(self, state: LiveState, clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = CollectorRegistry()
         registry = self.registry
+        self.arrivals = {
+            pool: WindowTotals(ARRIVAL_WINDOW_SECONDS, ARRIVAL_BUCKETS, clock) for pool in ARRIVAL_POOLS
+        }
+        registry.register(_ArrivalCollector(self.arrivals))
         self.requests = Counter(
             f"{PREFIX}_requests",
             "Requests by route (direct, disaggregated, fallback)",
@@ -250,3 +337,7 @@ class RouterMetrics:
             self.fallbacks.labels(reason)
         for outcome in ("resumed", "broken"):
             self.streams_resumed.labels(outcome)
+
+    def arrived(self, route: Route, reason: RouteReason, prompt_tokens: float) -> None:
+        """A prompt routed now: its tokens join its pool's arrival window."""
+        self.arrivals[arrival_pool(route, reason)].add(prompt_tokens)

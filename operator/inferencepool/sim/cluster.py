@@ -416,7 +416,9 @@ class ClusterSim:
             self._capacity = from_profile(self.profile, self.profiles["prefill"].max_num_batched_tokens)
             self._planner = Planner(scenario.planner.settings, self._capacity)
         # the pages the planner reads, as the operator's runner scrapes them
-        self._scrape = Scrape(self.pods, self.threshold) if scenario.planner is not None else None
+        self._scrape = (
+            Scrape(self.pods, self.threshold, lambda: self.now) if scenario.planner is not None else None
+        )
         self.route_reasons = self.router.reasons
 
     def _tuned(self, chunk_tokens: int | None, max_num_seqs: int | None = None) -> EngineProfile:
@@ -539,7 +541,7 @@ class ClusterSim:
         record.uncached_tokens = decision.uncached_tokens
         record.decode_pod = decision.decode.name if decision.decode is not None else None
         if self._scrape is not None:
-            self._scrape.routed(route, record.prompt_tokens)
+            self._scrape.routed(route, decision.reason, record.prompt_tokens)
         request_id = f"r{record.index}"
         if route is Route.DISAGGREGATED:
             pod = decision.prefill

@@ -5,14 +5,15 @@ both).
 
 Each simulated engine renders the fake engine's vLLM page (`engine_sim.metrics.EnginePage`: the core's
 counters and gauges, and its TTFT, ITL and TPOT histograms); the router's page is the router's own
-`RouterMetrics`, counted where the router counts: requests and prompt tokens by route, and the
-client-observed time to first token by route. Pages are text, parsed by the operator's parser.
+`RouterMetrics`, counted where the router counts: requests and prompt tokens by route, prompt tokens per
+arrival window by pool (on the simulation's clock), and the client-observed time to first token by route.
+Pages are text, parsed by the operator's parser.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from prometheus_client import generate_latest
@@ -25,7 +26,7 @@ from inferencepool.engine_sim.core import EngineCore
 from inferencepool.engine_sim.metrics import EnginePage, LatencyCounts
 from inferencepool.router.metrics import LiveState, RouterMetrics
 from inferencepool.router.pods import PodSet
-from inferencepool.scheduling.decider import Route
+from inferencepool.scheduling.decider import Route, RouteReason
 
 ROUTER_POD = "router-0"
 MODEL_NAME = "sim"
@@ -54,7 +55,7 @@ def histogram_of(counts: LatencyCounts) -> Histogram:
 class Scrape:
     """One simulated pool's pages and the feed that reads them, round after round."""
 
-    def __init__(self, pods: PodSet, threshold_tokens: int) -> None:
+    def __init__(self, pods: PodSet, threshold_tokens: int, clock: Callable[[], float]) -> None:
         self.router = RouterMetrics(
             LiveState(
                 pods=pods,
@@ -63,15 +64,18 @@ class Scrape:
                 counter_source=lambda: "sim",
                 chars_per_token=lambda: 4.0,
                 kv_push_notifications=dict,
-            )
+            ),
+            clock,
         )
         self._pages: dict[str, EnginePage] = {}
         self.feed = PoolFeed()
 
-    def routed(self, route: Route, prompt_tokens: int) -> None:
-        """A request the router served on `route` (its requests and routed prompt tokens)."""
+    def routed(self, route: Route, reason: RouteReason, prompt_tokens: int) -> None:
+        """A request the router served on `route` (its requests and routed prompt tokens, and its tokens in
+        the arrival window of its pool)."""
         self.router.requests_by_route[route].inc()
         self.router.prompt_tokens_by_route[route].inc(prompt_tokens)
+        self.router.arrived(route, reason, prompt_tokens)
 
     def first_token(self, route: Route, seconds: float) -> None:
         self.router.ttft_by_route[route].observe(seconds)
