@@ -11,12 +11,14 @@ import aiohttp
 import pytest
 from tests.support.engines import engine_process as fake_engine_process
 
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
 
 def engine_process(
     *extra: str,
 ) -> contextlib.AbstractAsyncContextManager[tuple[asyncio.subprocess.Process, str]]:
     return fake_engine_process(
-        "meta-llama/Llama-3.1-8B-Instruct",
+        MODEL,
         *("--served-model-name", "llama-8b", "--profile", "cpu-demo", "--dtype", "bfloat16"),
         "--enable-chunked-prefill",  # a vLLM flag the fake does not know: ignored
         *("--gpu-memory-utilization", "0.9"),
@@ -101,7 +103,8 @@ async def test_a_terminating_prefill_engine_keeps_its_held_kv_only_with_a_shutdo
             "--time-scale", "0.05", "--shutdown-timeout", shutdown_timeout,
             "--kv-transfer-config", NIXL_PRODUCER, "--nixl-side-channel-port", "0",
         ) as (process, url),
-        running_engine("cpu-demo", "llama-8b", time_scale=0.05, nixl=True) as decode,
+        # the prefill engine's model and dtype, which the NIXL handshake compares
+        running_engine("cpu-demo", MODEL, time_scale=0.05, nixl=True, dtype="bfloat16") as decode,
         aiohttp.ClientSession() as http,
     ):  # fmt: skip
         leg = {
@@ -113,7 +116,7 @@ async def test_a_terminating_prefill_engine_keeps_its_held_kv_only_with_a_shutdo
             params = (await response.json())["kv_transfer_params"]
         process.send_signal(signal.SIGTERM)
         await asyncio.sleep(0.3)
-        body = {"model": "llama-8b", "prompt": leg["prompt"], "max_tokens": 2, "kv_transfer_params": params}
+        body = {"model": MODEL, "prompt": leg["prompt"], "max_tokens": 2, "kv_transfer_params": params}
         async with http.post(f"{decode.url}/v1/completions", json=body) as response:
             assert (response.status == 200) is served, await response.text()
         # the drain ends once nothing is held any more (here: read), well before the timeout
