@@ -10,7 +10,8 @@ import pytest
 import yaml
 from tests.unit.builders_examples import EXAMPLES, child, load_pool
 
-from inferencepool.builders.common import CHECKSUM_ANNOTATION
+from inferencepool.builders.common import CHECKSUM_ANNOTATION, PoolRef
+from inferencepool.builders.router import router_config
 
 
 def router_parts(example: str, **changes: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -77,3 +78,29 @@ def test_autoscaling_edits_the_router_reads_roll_it(example: str, role: str, cha
     assert new_configmap != configmap
     annotation = lambda d: d["spec"]["template"]["metadata"]["annotations"][CHECKSUM_ANNOTATION]  # noqa: E731
     assert annotation(new_deployment) != annotation(deployment)
+
+
+@pytest.mark.parametrize(
+    ("changes", "lends"),
+    [
+        ({}, False),  # off by default
+        ({"router__roleLending": True}, True),
+        ({"router__roleLending": True, "router__policy": "AlwaysDisaggregate"}, False),
+        (
+            {
+                "router__roleLending": True,
+                "router__replicas": 1,
+                "kvTransfer": {"connector": "LMCachePD"},
+                "kvCache": None,
+            },
+            False,
+        ),
+    ],
+)
+def test_the_router_lends_roles_only_where_the_spec_asks_and_nixl_allows(
+    changes: dict[str, Any], lends: bool
+) -> None:
+    pool = load_pool("llama-3.1-8b.yaml", **changes)
+    config = router_config(pool, PoolRef("llama-8b", "default", "uid"))
+    assert config.role_lending is lends
+    assert config.scheduling().lending is lends

@@ -707,6 +707,17 @@ class RouterSpec(SpecModel):
         default=True,
         description="Prefer the engine that already holds the prompt's prefix. Defaults to true.",
     )
+    role_lending: bool = Field(
+        default=False,
+        description=(
+            "LengthAware with the Nixl connector: serve a request whole on a prefill engine when every "
+            "decode engine queues requests and a prefill engine has nothing waiting and would meet the TTFT "
+            "target. "
+            "The prefill engines then prefill in the decode pool's chunk (unless "
+            "prefill.maxNumBatchedTokens is set), so the decodes they take keep the ITL target. "
+            "Defaults to false."
+        ),
+    )
     resources: dict[str, Any] = Field(
         default_factory=dict, description="Router container resources (Kubernetes ResourceRequirements)."
     )
@@ -882,11 +893,23 @@ class InferencePoolSpec(SpecModel):
         if any(_flag_name(arg) in BATCH_FLAGS for arg in self.engine.extra_args):
             return None
         pool = self.pool(role)
-        if pool.max_num_batched_tokens is not None or role == "prefill":
+        if pool.max_num_batched_tokens is not None or (role == "prefill" and not self.lends_roles()):
             return pool.max_num_batched_tokens
-        itl = pool.autoscaling.target.itl_milliseconds if pool.autoscaling is not None else None
+        # a lending prefill pool decodes lent requests: its steps must fit the decode pool's ITL target too
+        decode = self.pool("decode")
+        itl = decode.autoscaling.target.itl_milliseconds if decode.autoscaling is not None else None
         loose = itl is not None and itl >= DECODE_CHUNK_LOOSE_ITL_MS
         return DECODE_CHUNK_TOKENS if loose else DECODE_CHUNK_TOKENS_TIGHT
+
+    def lends_roles(self) -> bool:
+        """Whether the router may serve requests whole on prefill pods (`router.roleLending`): LengthAware
+        only, and NIXL only (an engine serves a request without kv_transfer_params colocated whatever its
+        NIXL kv_role: docs/engine-contract.md section 3)."""
+        return (
+            self.router.role_lending
+            and self.router.policy == "LengthAware"
+            and self.kv_transfer.connector == "Nixl"
+        )
 
     def batch_args(self, role: PoolRole) -> list[str]:
         """vLLM serve flags for the pool's chunk: --max-num-batched-tokens, and --max-num-seqs where vLLM's
