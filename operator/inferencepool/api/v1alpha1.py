@@ -895,9 +895,9 @@ class InferencePoolSpec(SpecModel):
         pool = self.pool(role)
         if pool.max_num_batched_tokens is not None or (role == "prefill" and not self.lends_roles()):
             return pool.max_num_batched_tokens
-        # a lending prefill pool decodes lent requests: its steps must fit the decode pool's ITL target too
-        decode = self.pool("decode")
-        itl = decode.autoscaling.target.itl_milliseconds if decode.autoscaling is not None else None
+        if role == "prefill":  # it decodes lent requests: its steps must fit the decode pool's ITL too
+            return self.chunk_tokens("decode")
+        itl = pool.autoscaling.target.itl_milliseconds if pool.autoscaling is not None else None
         loose = itl is not None and itl >= DECODE_CHUNK_LOOSE_ITL_MS
         return DECODE_CHUNK_TOKENS if loose else DECODE_CHUNK_TOKENS_TIGHT
 
