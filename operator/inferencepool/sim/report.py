@@ -179,7 +179,7 @@ def _x(value: float | None) -> str:
 
 def table(summaries: Sequence[Summary], baseline: str = "coloc") -> str:
     versus = f"vs {baseline}"
-    header = (
+    header: tuple[str, ...] = (
         "scenario",
         "goodput r/s",
         versus,
@@ -193,7 +193,7 @@ def table(summaries: Sequence[Summary], baseline: str = "coloc") -> str:
         versus,
         "disagg %",
     )
-    rows = [
+    rows: list[tuple[str, ...]] = [
         (
             s.scenario,
             f"{s.goodput_rps:.2f}",
