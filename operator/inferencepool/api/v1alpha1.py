@@ -1514,6 +1514,15 @@ class RouterStatus(StatusModel):
         le=100,
         description="Share of recent requests sent through the prefill pool, in percent.",
     )
+    lent_percent: int | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description=(
+            "Share of recent requests served whole on prefill engines while every decode engine queued "
+            "(router.roleLending), in percent."
+        ),
+    )
 
 
 class BottleneckStatus(StatusModel):
