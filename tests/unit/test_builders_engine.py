@@ -405,8 +405,6 @@ def args_of(pool: InferencePool, role: str) -> list[str]:
             ("512", "512"),
         ),
         ({"router__roleLending": True, "prefill__maxNumBatchedTokens": 4096}, ("4096", None), ("1024", None)),
-        # not lending: AlwaysDisaggregate never lends, so its prefill pods keep vLLM's chunk
-        ({"router__roleLending": True, "router__policy": "AlwaysDisaggregate"}, None, ("1024", None)),
     ],
 )
 def test_each_pool_runs_its_own_prefill_chunk(

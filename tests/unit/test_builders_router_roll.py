@@ -80,27 +80,21 @@ def test_autoscaling_edits_the_router_reads_roll_it(example: str, role: str, cha
     assert annotation(new_deployment) != annotation(deployment)
 
 
+@pytest.mark.parametrize("lending", [False, True])
+def test_the_router_lends_roles_where_the_spec_asks(lending: bool) -> None:
+    pool = load_pool("llama-3.1-8b.yaml", router__roleLending=lending)
+    config = router_config(pool, PoolRef("llama-8b", "default", "uid"))
+    assert config.role_lending is lending and config.scheduling().lending is lending
+
+
 @pytest.mark.parametrize(
-    ("changes", "lends"),
+    "changes",
     [
-        ({}, False),  # off by default
-        ({"router__roleLending": True}, True),
-        ({"router__roleLending": True, "router__policy": "AlwaysDisaggregate"}, False),
-        (
-            {
-                "router__roleLending": True,
-                "router__replicas": 1,
-                "kvTransfer": {"connector": "LMCachePD"},
-                "kvCache": None,
-            },
-            False,
-        ),
+        {"router__policy": "AlwaysDisaggregate"},
+        {"router__policy": "Colocated"},
+        {"router__replicas": 1, "kvTransfer": {"connector": "LMCachePD"}, "kvCache": None},
     ],
 )
-def test_the_router_lends_roles_only_where_the_spec_asks_and_nixl_allows(
-    changes: dict[str, Any], lends: bool
-) -> None:
-    pool = load_pool("llama-3.1-8b.yaml", **changes)
-    config = router_config(pool, PoolRef("llama-8b", "default", "uid"))
-    assert config.role_lending is lends
-    assert config.scheduling().lending is lends
+def test_role_lending_is_refused_where_it_cannot_lend(changes: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=r"spec\.router\.roleLending needs spec\.router\.policy LengthAware"):
+        load_pool("llama-3.1-8b.yaml", router__roleLending=True, **changes)

@@ -902,14 +902,10 @@ class InferencePoolSpec(SpecModel):
         return DECODE_CHUNK_TOKENS if loose else DECODE_CHUNK_TOKENS_TIGHT
 
     def lends_roles(self) -> bool:
-        """Whether the router may serve requests whole on prefill pods (`router.roleLending`): LengthAware
-        only, and NIXL only (an engine serves a request without kv_transfer_params colocated whatever its
-        NIXL kv_role: docs/engine-contract.md section 3)."""
-        return (
-            self.router.role_lending
-            and self.router.policy == "LengthAware"
-            and self.kv_transfer.connector == "Nixl"
-        )
+        """Whether the router may serve requests whole on prefill pods (`router.roleLending`, refused but
+        with LengthAware and NIXL: an engine serves a request without kv_transfer_params colocated whatever
+        its NIXL kv_role, docs/engine-contract.md section 3)."""
+        return self.router.role_lending  # the spec rules refuse it elsewhere (_kv_rules)
 
     def batch_args(self, role: PoolRole) -> list[str]:
         """vLLM serve flags for the pool's chunk: --max-num-batched-tokens, and --max-num-seqs where vLLM's
@@ -1126,7 +1122,25 @@ def _kv_rules() -> list[SpecRule]:
     def pd_mode_single_router(spec: InferencePoolSpec) -> bool:
         return spec.kv_transfer.connector != "LMCachePD" or spec.router.replicas <= 1
 
+    lending_on = "has(self.router) && has(self.router.roleLending) && self.router.roleLending"
+    policy = "(has(self.router) && has(self.router.policy) ? self.router.policy : 'LengthAware')"
+
+    def lending_where_it_can(spec: InferencePoolSpec) -> bool:
+        return not spec.router.role_lending or (
+            spec.kv_transfer.connector == "Nixl" and spec.router.policy == "LengthAware"
+        )
+
     return [
+        # a lent request goes to a prefill engine without kv_transfer_params: NIXL serves it whole whatever
+        # the engine's kv_role, an LMCache PD sender is not known to; and only LengthAware weighs routes
+        SpecRule(
+            field="router.roleLending",
+            cel=f"!({lending_on}) || (!({pd_mode}) && {policy} == 'LengthAware')",
+            message=(
+                "spec.router.roleLending needs spec.router.policy LengthAware and spec.kvTransfer.connector Nixl"
+            ),
+            holds=lending_where_it_can,
+        ),
         SpecRule(
             field="kvCache.p2p.enabled",
             cel=f"!({pd_mode}) || !({p2p_on})",
