@@ -1137,7 +1137,8 @@ def _kv_rules() -> list[SpecRule]:
             field="router.roleLending",
             cel=f"!({lending_on}) || (!({pd_mode}) && {policy} == 'LengthAware')",
             message=(
-                "spec.router.roleLending needs spec.router.policy LengthAware and spec.kvTransfer.connector Nixl"
+                "spec.router.roleLending needs spec.router.policy LengthAware and "
+                "spec.kvTransfer.connector Nixl"
             ),
             holds=lending_where_it_can,
         ),
