@@ -38,6 +38,8 @@ from inferencepool.api import labels
 from inferencepool.api.pods import http_url, is_ready
 from inferencepool.api.v1alpha1 import POOL_ROLES, Autoscaling, InferencePool, PoolRole, ScalingDecision
 from inferencepool.autoscaler.feed import (
+    ROUTER_REQUESTS,
+    ROUTES,
     PoolFeed,
     RolePages,
     RoleReading,
@@ -79,9 +81,7 @@ log = logging.getLogger("inferencepool.autoscaler")
 SCRAPE_TIMEOUT_SECONDS = 3.0
 METRIC = {"prefill": (TTFT_METRIC, "TTFT"), "decode": (ITL_METRIC, "ITL")}
 # The router's own metrics (router/metrics.py): requests by route, and the threshold in force.
-ROUTER_REQUESTS = "inferencepool_router_requests"
 ROUTER_THRESHOLD = "inferencepool_router_prefill_threshold_tokens"
-ROUTES = ("direct", "disaggregated", "fallback")
 # How often and over how long the router is read when no pool autoscales (else: the pools' own settings).
 ROUTER_INTERVAL_SECONDS = 15.0
 ROUTER_WINDOW_SECONDS = 60.0
