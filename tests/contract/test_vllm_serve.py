@@ -145,3 +145,17 @@ def test_vllm_warns_that_kv_both_is_deprecated_for_nixl(vllm_wheel: Wheel) -> No
     """Why the builder emits producer/consumer roles: the warning is in the released connector."""
     source = vllm_wheel.source(NIXL_MODULES + "connector.py")
     assert "Using kv_role='kv_both' with NixlConnector is deprecated" in source
+
+
+def test_what_the_nixl_role_changes_is_what_the_fake_engine_and_the_router_assume(vllm_wheel: Wheel) -> None:
+    """docs/engine-contract.md section 3, "Roles and lent work": the refusals the fake copies
+    (engine_sim/cli.py:_check_nixl_parallel), the consumer-only block-free deferral that keeps the router from
+    asking a producer to load KV, and the scheduler acting on kv_transfer_params, not on the role."""
+    connector = vllm_wheel.source(NIXL_MODULES + "connector.py")
+    assert "NixlConnector PCP currently supports kv_producer only" in connector
+    assert 'kv_role in ("kv_consumer", "kv_both")' in connector
+    assert "consumer (decode) does not support" in vllm_wheel.source(NIXL_MODULES + "base_worker.py")
+    scheduler = vllm_wheel.source("vllm/v1/core/sched/scheduler.py")
+    assert "multiple_inflight_batches and kv_transfer_config.is_kv_consumer" in scheduler
+    pull = vllm_wheel.source(NIXL_MODULES + "pull_scheduler.py")
+    assert 'params.get("do_remote_prefill")' in pull and "kv_role" not in pull

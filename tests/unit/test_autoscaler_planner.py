@@ -595,3 +595,22 @@ def test_a_tpot_over_the_target_raises_the_latency_factor_not_the_spread() -> No
         "ITL spread"
         in gaps.decide(observe(15, 0.0, generated_per_s=5000, mean_itl=0.02, itl=0.075)).decode.message
     )
+
+
+def test_lent_work_is_decode_demand_that_the_prefill_pods_did() -> None:
+    """Two 500-token prompts a second direct, one of them lent (served whole on a prefill pod, its 500 output
+    tokens a second too): decode's demand is all of it (0.1 prompts + 0.1 generating), prefill's only its own
+    4,000-token prompt (0.5); the utilisation each pool showed is what it did, so both corrections stay 1."""
+    itl = 0.01 / (1 - 0.1)  # decode pods busy 0.1: 0.2 of work less the 0.1 lent away
+    base = observe(15, 1.0, direct_per_s=2.0, generated_per_s=1000, mean_itl=itl, busy=0.6)
+    lent = replace(base, lent=p.RouteLoad(round(INTERVAL), round(INTERVAL) * 500), lent_generated_tokens=7500)
+    plan = p.Planner(settings(), MODEL).decide(lent)
+    assert plan.prefill.demand == pytest.approx(0.5)  # the lent prompts are not prefill demand
+    assert plan.decode.demand == pytest.approx(0.2)
+    assert plan.prefill.correction == pytest.approx(1.0)  # busy 0.6 = 0.5 own + 0.1 lent
+    assert plan.decode.correction == pytest.approx(1.0)
+    unexplained = p.Planner(settings(), MODEL).decide(
+        base
+    )  # the same readings without knowing of the lending
+    assert unexplained.prefill.correction != pytest.approx(1.0)
+    assert unexplained.decode.correction != pytest.approx(1.0)

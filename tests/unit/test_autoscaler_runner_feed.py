@@ -127,9 +127,10 @@ def test_router_pages_give_requests_and_tokens_by_route_and_the_direct_ttft() ->
     router.route(Route.DIRECT, 300, 0.07)
     router.route(Route.DISAGGREGATED, 8000, 0.6)
     router.route(Route.FALLBACK, 6000, 1.5)
+    router.route(Route.LENT, 700, 0.1)
     sample, direct = router.page()
     change = deltas.step({"r": sample})  # type: ignore[dict-item]
-    assert change == RouterSample(Counts((2, 1, 1)), Counts((400, 8000, 6000)))
+    assert change == RouterSample(Counts((2, 1, 1, 1)), Counts((400, 8000, 6000, 700)))
     assert direct is not None and direct.count == 2  # only route="direct"
 
 
@@ -200,21 +201,29 @@ TTFT = Histogram((0.5, 1.0, 2.0, math.inf), (50, 90, 100, 100), 60.0)
     [
         (
             "router counts tokens by route; fallback counts for the prefill pool",
-            RouterSample(Counts((10, 3, 1)), Counts((2000, 24000, 9000))),
+            RouterSample(Counts((10, 3, 1, 0)), Counts((2000, 24000, 9000, 0))),
             None,
             EngineSample(35000, 900, ITL),
             {"to_prefill": RouteLoad(4, 33000), "direct": RouteLoad(10, 2000), "generated": 900},
         ),
         (
             "the prefill engines' own token count over the router's estimate",
-            RouterSample(Counts((10, 3, 1)), Counts((2000, 30000, 9000))),
+            RouterSample(Counts((10, 3, 1, 0)), Counts((2000, 30000, 9000, 0))),
             EngineSample(24000, 3, TTFT),
             EngineSample(35000, 900, ITL),
             {"to_prefill": RouteLoad(4, 33000), "direct": RouteLoad(10, 2000), "generated": 900},
         ),
         (
+            "lent prompts are the decode pool's demand, prompt and output, and not the prefill engines' own",
+            # 2 lent prompts of 1500 tokens generated 200 tokens on the prefill pods, beside 3 prefill legs
+            RouterSample(Counts((10, 3, 1, 2)), Counts((2000, 30000, 9000, 3000))),
+            EngineSample(27000, 203, TTFT),
+            EngineSample(35000, 900, ITL),
+            {"to_prefill": RouteLoad(4, 33000), "direct": RouteLoad(12, 5000), "generated": 1100},
+        ),
+        (
             "an older router: tokens from the engines, fallback at the disaggregated mean",
-            RouterSample(Counts((10, 3, 1)), None),
+            RouterSample(Counts((10, 3, 1, 0)), None),
             EngineSample(24000, 3, TTFT),
             EngineSample(36000, 900, ITL),
             {"to_prefill": RouteLoad(4, 32000), "direct": RouteLoad(10, 4000), "generated": 900},
@@ -228,7 +237,7 @@ TTFT = Histogram((0.5, 1.0, 2.0, math.inf), (50, 90, 100, 100), 60.0)
         ),
         (
             "no decode pod read twice: generated tokens unknown",
-            RouterSample(Counts((0, 0, 0)), Counts((0, 0, 0))),
+            RouterSample(Counts((0, 0, 0, 0)), Counts((0, 0, 0, 0))),
             None,
             None,
             {"to_prefill": RouteLoad(0, 0), "direct": RouteLoad(0, 0), "generated": None},
@@ -397,7 +406,7 @@ def test_the_feed_drives_the_planner_prefill_back_from_zero_when_long_prompts_co
         15.0,
         reading(None, replicas=0, ready=0),
         reading(EngineSample(prompts * 16384, prompts * 100, ITL), gauges=(EngineGauges(8, 0, 0.4),) * 2),
-        RouterReading(RouterSample(Counts((0, 0, prompts)), Counts((0, 0, prompts * 16384))), None),
+        RouterReading(RouterSample(Counts((0, 0, prompts, 0)), Counts((0, 0, prompts * 16384, 0))), None),
         capacity_seed(pool).kv_capacity_tokens,
     )
     plan = planner.decide(busy)

@@ -397,6 +397,14 @@ def args_of(pool: InferencePool, role: str) -> list[str]:
             ("16384", None),
             ("256", "256"),
         ),
+        # role lending: a prefill pod decodes lent requests, so its steps fit the decode pool's ITL target
+        ({"router__roleLending": True}, ("1024", None), ("1024", None)),
+        (
+            {"router__roleLending": True, "decode__autoscaling__target": {"itlMilliseconds": 25}},
+            ("512", "512"),
+            ("512", "512"),
+        ),
+        ({"router__roleLending": True, "prefill__maxNumBatchedTokens": 4096}, ("4096", None), ("1024", None)),
     ],
 )
 def test_each_pool_runs_its_own_prefill_chunk(

@@ -10,7 +10,8 @@ import pytest
 import yaml
 from tests.unit.builders_examples import EXAMPLES, child, load_pool
 
-from inferencepool.builders.common import CHECKSUM_ANNOTATION
+from inferencepool.builders.common import CHECKSUM_ANNOTATION, PoolRef
+from inferencepool.builders.router import router_config
 
 
 def router_parts(example: str, **changes: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -77,3 +78,23 @@ def test_autoscaling_edits_the_router_reads_roll_it(example: str, role: str, cha
     assert new_configmap != configmap
     annotation = lambda d: d["spec"]["template"]["metadata"]["annotations"][CHECKSUM_ANNOTATION]  # noqa: E731
     assert annotation(new_deployment) != annotation(deployment)
+
+
+@pytest.mark.parametrize("lending", [False, True])
+def test_the_router_lends_roles_where_the_spec_asks(lending: bool) -> None:
+    pool = load_pool("llama-3.1-8b.yaml", router__roleLending=lending)
+    config = router_config(pool, PoolRef("llama-8b", "default", "uid"))
+    assert config.role_lending is lending and config.scheduling().lending is lending
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"router__policy": "AlwaysDisaggregate"},
+        {"router__policy": "Colocated"},
+        {"router__replicas": 1, "kvTransfer": {"connector": "LMCachePD"}, "kvCache": None},
+    ],
+)
+def test_role_lending_is_refused_where_it_cannot_lend(changes: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=r"spec\.router\.roleLending needs spec\.router\.policy LengthAware"):
+        load_pool("llama-3.1-8b.yaml", router__roleLending=True, **changes)

@@ -72,7 +72,9 @@ def test_one_document_carries_the_autoscalers_figures_and_formats_the_columns_fr
         {"fromReplicas": 3, "replicas": 4, "reason": "TargetExceeded", "time": "2026-12-01T09:00:00Z"}
     )
     figures = AutoscalerFigures(
-        {"prefill": RoleFigures(650), "decode": RoleFigures(31, scaled)}, disaggregated_percent=30
+        {"prefill": RoleFigures(650), "decode": RoleFigures(31, scaled)},
+        disaggregated_percent=30,
+        lent_percent=5,
     )
     document = document_for(figures, WITHIN)
     assert {c["type"] for c in document["conditions"]} == {
@@ -91,6 +93,7 @@ def test_one_document_carries_the_autoscalers_figures_and_formats_the_columns_fr
         "replicas": 2,
         "readyReplicas": 2,
         "disaggregatedPercent": 30,
+        "lentPercent": 5,
     }
 
 

@@ -472,3 +472,23 @@ def test_the_status_the_operator_would_write() -> None:
     quiet = PoolWindow(SECONDS, decode=engines(1, requests=3), router=router(direct=[0.1, 0.2, 0.3]))
     assert bottleneck_condition(diagnose(quiet, PD))[1:3] == ("Unknown", "NotEnoughTraffic")
     assert "recommendedThresholdTokens" not in bottleneck_status(diagnose(healthy(), PD))
+
+
+def test_a_split_that_lends_much_of_its_work_is_told_to_move_a_prefill_replica_to_decode() -> None:
+    window = healthy()
+    assert window.router is not None
+    total = window.router.total_requests
+
+    def lending(lent: float) -> PoolWindow:
+        return replace(
+            window, router=replace(window.router, requests={**window.router.requests, "lent": lent})
+        )
+
+    some = diagnose(lending(0.1 * total), PD)  # a tenth: lending answers the bursts, the split stands
+    assert "AddDecodeReplicas" not in kinds(some)
+    assert any("role lending: 9% of requests" in line for line in some.evidence)
+    much = diagnose(lending(0.5 * total), PD)
+    advice = [a for a in much.advice if a.kind == "AddDecodeReplicas"]
+    assert len(advice) == 1 and advice[0].replicas == 3
+    assert "split 2P:2D -> 1P:3D" in advice[0].text and "33% of requests were lent" in advice[0].text
+    assert "AddDecodeReplicas" not in kinds(diagnose(lending(0.5 * total), replace(PD, prefill_replicas=1)))

@@ -95,7 +95,7 @@ def test_a_window_is_what_happened_between_the_snapshots() -> None:
     assert measured.decode.requests == 4
     assert measured.decode.itl is not None and measured.decode.itl.count == 7
     assert measured.decode.in_flight(30) == pytest.approx((3 * 0.1 + 0.12) / 30)  # Little's law
-    assert measured.router.requests == {"direct": 1, "disaggregated": 3, "fallback": 0}
+    assert measured.router.requests == {"direct": 1, "disaggregated": 3, "fallback": 0, "lent": 0}
     assert measured.router.prompt_tokens is not None and measured.router.prompt_tokens.count == 4
     assert set(measured.router.ttft) == {"direct", "disaggregated"}
     assert measured.router.ttft["disaggregated"].count == 3

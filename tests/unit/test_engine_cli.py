@@ -294,3 +294,25 @@ PD_KV = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_produce
 def test_bad_lmcache_pd_settings_name_the_key(env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         config_for(["-tp", "2", "--kv-transfer-config", PD_KV], env)
+
+
+@pytest.mark.parametrize(
+    ("role", "flag", "refused"),
+    [
+        ("kv_producer", "--prefill-context-parallel-size", False),
+        ("kv_consumer", "--prefill-context-parallel-size", True),
+        ("kv_both", "--prefill-context-parallel-size", True),
+        ("kv_producer", "--pipeline-parallel-size", False),
+        ("kv_both", "--pipeline-parallel-size", False),
+        ("kv_consumer", "--pipeline-parallel-size", True),
+    ],
+)
+def test_nixl_refuses_parallelism_by_kv_role_as_vllm_does(role: str, flag: str, refused: bool) -> None:
+    """NixlConnector: prefill-context parallelism only on a producer, pipeline parallelism not on a consumer
+    (docs/engine-contract.md section 3). A pod lent the other phase keeps its role, so these bind it too."""
+    argv = ["--kv-transfer-config", json.dumps({**NIXL, "kv_role": role}), flag, "2"]
+    if not refused:
+        assert config_for(argv).nixl
+        return
+    with pytest.raises(ValueError, match=re.escape(flag)):
+        config_for(argv)

@@ -60,6 +60,9 @@ def test_a_prompt_is_demand_for_the_pool_whose_prefill_it_needs() -> None:
     assert arrival_pool(Route.DIRECT, RouteReason.PREFILL_BUSY) == "prefill"  # as the feed counts it
     assert arrival_pool(Route.DISAGGREGATED, RouteReason.LONG) == "prefill"
     assert arrival_pool(Route.FALLBACK, RouteReason.NO_PREFILL_POD) == "prefill"
+    assert (
+        arrival_pool(Route.LENT, RouteReason.DECODE_SATURATED) == "direct"
+    )  # decode demand, as the feed counts it
 
 
 def test_the_router_s_page_shows_the_windows_by_pool() -> None:

@@ -68,3 +68,55 @@ def test_the_bounded_load_rule_is_one_rule_for_the_ring_and_the_prefix_choice() 
     assert bound == 6  # ceil(1.25 x 19 / 4)
     assert {pod.name for pod in under_load_bound(list(view.pods.values()), 1.25, 4)} == {"d0", "d1"}
     assert view.pick("decode", 0.0, affinity_key=12345).name in {"d0", "d1"}  # type: ignore[union-attr]
+
+
+LENDING = SchedulerConfig("LengthAware", 1.0, 0.05, block_tokens=8, lending=True)
+
+
+def saturated(view: PodSet, waiting: int = 2) -> PodSet:
+    for pod in view.pods.values():
+        if pod.role == "decode":
+            pod.engine_waiting = waiting
+    return view
+
+
+def test_lending_serves_a_request_whole_on_a_prefill_pod_when_every_decode_pod_queues() -> None:
+    view = saturated(pods(("p", "prefill", None), ("d1", "decode", None), ("d2", "decode", None)))
+    for tokens, keys in ((800, PROMPT), (40, prompt_keys(b"y" * 40, 8, 1024))):  # long and short
+        decision = Scheduler(LENDING).schedule(tokens, keys, view, 0.0, 100)
+        assert (decision.route, decision.reason) == (Route.LENT, RouteReason.DECODE_SATURATED)
+        assert decision.prefill is view.pods["p"]
+    # the prefill pod now holds the prompt, not the decode pod: a repeat finds it there
+    assert view.prefixes.cached_blocks("p", PROMPT) == len(PROMPT)
+
+
+def test_no_lending_while_a_decode_pod_has_room_or_the_prefill_pod_queues_or_it_is_off() -> None:
+    view = saturated(pods(("p", "prefill", None), ("d1", "decode", None), ("d2", "decode", None)))
+
+    def route(config: SchedulerConfig, seed: bytes) -> Route:
+        return Scheduler(config).schedule(800, prompt_keys(seed * 800, 8, 1024), view, 0.0, 100).route
+
+    view.pods["d2"].engine_waiting = 0  # one decode pod takes requests without queueing
+    assert route(LENDING, b"a") is Route.DISAGGREGATED
+    saturated(view)
+    view.pods["p"].engine_waiting = 1  # the prefill pod queues too
+    assert route(LENDING, b"b") is Route.DISAGGREGATED
+    view.pods["p"].engine_waiting = 0
+    assert route(CONFIG, b"c") is Route.DISAGGREGATED  # lending off
+    assert route(LENDING, b"d") is Route.LENT
+    colocated = SchedulerConfig("Colocated", 1.0, 0.05, block_tokens=8, lending=True)
+    assert route(colocated, b"e") is Route.DIRECT
+    always = SchedulerConfig("AlwaysDisaggregate", 1.0, 0.05, block_tokens=8, lending=True)
+    assert route(always, b"f") is Route.DISAGGREGATED
+
+
+def test_lending_waits_for_a_prefill_pod_that_would_meet_the_ttft_target() -> None:
+    """Once the prefill speed is known, the prefill pod's queue plus the whole prompt must fit the target."""
+    view = saturated(pods(("p", "prefill", None), ("d", "decode", None)))
+    scheduler = Scheduler(LENDING)
+    scheduler.speed.observe_leg(0.5, 1000)  # 0.5 ms a token: 800 tokens take 0.4 s of the 1 s target
+    assert scheduler.schedule(800, PROMPT, view, 0.0, 100).route is Route.LENT
+    view.pods["p"].queued_tokens = 1500  # 0.75 s queued: 1.15 s > 1 s
+    assert scheduler.schedule(800, prompt_keys(b"z" * 800, 8, 1024), view, 0.0, 100).route is (
+        Route.DISAGGREGATED
+    )

@@ -63,3 +63,29 @@ def test_a_spec_with_two_tensor_parallel_sizes_is_refused_by_name() -> None:
     document["spec"]["prefill"]["gpusPerReplica"] = 2
     with pytest.raises(ValueError, match="one tensor-parallel size"):
         deployed_profile(InferencePool.model_validate(document), H100)
+
+
+@pytest.mark.parametrize("lending", [True, False])
+def test_the_deployed_scenario_lends_to_the_prefill_pod_when_the_spec_allows_it(lending: bool) -> None:
+    """A burst the one decode pod cannot batch (64 sequences): with roleLending the prefill pod serves some
+    requests whole, through the same scheduling core as the router, and every request still finishes once
+    with all its tokens; without it none is lent."""
+    from inferencepool.sim.cluster import simulate
+
+    document = load_pool(EXAMPLE).model_dump(by_alias=True, exclude_none=True)
+    document["spec"]["router"]["roleLending"] = lending
+    document["spec"]["decode"]["maxNumBatchedTokens"] = 64
+    document["spec"].pop("kvCache")
+    pool = InferencePool.model_validate(document)
+    scenario = deployed_scenario(pool, replicas={"prefill": 1, "decode": 1}, autoscale=False)
+    assert scenario.router is not None and scenario.router.role_lending is lending
+    # a lending prefill pool prefills in the decode pool's chunk (its lent decodes keep the ITL target)
+    assert scenario.prefill_chunk_tokens == (64 if lending else None)
+    trace = [TraceRequest(i * 0.005, 600 + 10 * i, 300) for i in range(200)]
+    result = simulate(scenario, deployed_profile(pool, H100), trace)
+    for record in result.records:
+        assert record.finishes == 1 and record.completed and record.tokens_received == record.output_tokens
+    lent = [r for r in result.records if r.route == "lent"]
+    assert bool(lent) is lending
+    assert all(r.reason == "decode_saturated" for r in lent)
+    assert all(r.decode_pod is not None and "prefill" in r.decode_pod for r in lent)

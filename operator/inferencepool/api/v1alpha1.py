@@ -722,6 +722,17 @@ class RouterSpec(SpecModel):
         default=True,
         description="Prefer the engine that already holds the prompt's prefix. Defaults to true.",
     )
+    role_lending: bool = Field(
+        default=False,
+        description=(
+            "LengthAware with the Nixl connector: serve a request whole on a prefill engine when every "
+            "decode engine queues requests and a prefill engine has nothing waiting and would meet the TTFT "
+            "target. "
+            "The prefill engines then prefill in the decode pool's chunk (unless "
+            "prefill.maxNumBatchedTokens is set), so the decodes they take keep the ITL target. "
+            "Defaults to false."
+        ),
+    )
     resources: dict[str, Any] = Field(
         default_factory=dict, description="Router container resources (Kubernetes ResourceRequirements)."
     )
@@ -932,11 +943,19 @@ class InferencePoolSpec(SpecModel):
         if any(_flag_name(arg) in BATCH_FLAGS for arg in self.engine.extra_args):
             return None
         pool = self.pool(role)
-        if pool.max_num_batched_tokens is not None or role == "prefill":
+        if pool.max_num_batched_tokens is not None or (role == "prefill" and not self.lends_roles()):
             return pool.max_num_batched_tokens
+        if role == "prefill":  # it decodes lent requests: its steps must fit the decode pool's ITL too
+            return self.chunk_tokens("decode")
         itl = pool.autoscaling.target.itl_milliseconds if pool.autoscaling is not None else None
         loose = itl is not None and itl >= DECODE_CHUNK_LOOSE_ITL_MS
         return DECODE_CHUNK_TOKENS if loose else DECODE_CHUNK_TOKENS_TIGHT
+
+    def lends_roles(self) -> bool:
+        """Whether the router may serve requests whole on prefill pods (`router.roleLending`, refused but
+        with LengthAware and NIXL: an engine serves a request without kv_transfer_params colocated whatever
+        its NIXL kv_role, docs/engine-contract.md section 3)."""
+        return self.router.role_lending  # the spec rules refuse it elsewhere (_kv_rules)
 
     def batch_args(self, role: PoolRole) -> list[str]:
         """vLLM serve flags for the pool's chunk: --max-num-batched-tokens, and --max-num-seqs where vLLM's
@@ -1153,7 +1172,26 @@ def _kv_rules() -> list[SpecRule]:
     def pd_mode_single_router(spec: InferencePoolSpec) -> bool:
         return spec.kv_transfer.connector != "LMCachePD" or spec.router.replicas <= 1
 
+    lending_on = "has(self.router) && has(self.router.roleLending) && self.router.roleLending"
+    policy = "(has(self.router) && has(self.router.policy) ? self.router.policy : 'LengthAware')"
+
+    def lending_where_it_can(spec: InferencePoolSpec) -> bool:
+        return not spec.router.role_lending or (
+            spec.kv_transfer.connector == "Nixl" and spec.router.policy == "LengthAware"
+        )
+
     return [
+        # a lent request goes to a prefill engine without kv_transfer_params: NIXL serves it whole whatever
+        # the engine's kv_role, an LMCache PD sender is not known to; and only LengthAware weighs routes
+        SpecRule(
+            field="router.roleLending",
+            cel=f"!({lending_on}) || (!({pd_mode}) && {policy} == 'LengthAware')",
+            message=(
+                "spec.router.roleLending needs spec.router.policy LengthAware and "
+                "spec.kvTransfer.connector Nixl"
+            ),
+            holds=lending_where_it_can,
+        ),
         SpecRule(
             field="kvCache.p2p.enabled",
             cel=f"!({pd_mode}) || !({p2p_on})",
@@ -1540,6 +1578,15 @@ class RouterStatus(StatusModel):
         ge=0,
         le=100,
         description="Share of recent requests sent through the prefill pool, in percent.",
+    )
+    lent_percent: int | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description=(
+            "Share of recent requests served whole on prefill engines while every decode engine queued "
+            "(router.roleLending), in percent."
+        ),
     )
 
 

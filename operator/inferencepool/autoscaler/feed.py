@@ -23,9 +23,14 @@ The prefill engines' own count of the prompt tokens they computed (prompt tokens
 or external) stands for the disaggregated route's tokens where they were read: the engines tokenize, the
 router may only estimate, and a cached prefix costs no prefill. Prompts on the fallback route were meant for
 the prefill pool (none was ready, or its leg failed): they count as demand for it, so a prefill pool at zero
-comes back when they make it pay. A router that does not count prompt tokens by route (an older one) is read
-from the engines instead: the prefill engines' prompt tokens are the disaggregated route's, the decode
-engines' beyond those are the direct route's.
+comes back when they make it pay. Prompts on the lent route (role lending: served whole on a prefill pod
+because every decode pod queued) belong to the decode pool: they count as its demand, prompt and output,
+and as work the prefill pods did (taken out of the prefill engines' own prompt count, which includes them,
+and out of the decode pods' predicted utilisation, which they did not load).
+
+A router that does not count prompt tokens by route (an older one) is read from the engines instead: the
+prefill engines' prompt tokens are the disaggregated route's, the decode engines' beyond those are the direct
+route's.
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ ROUTER_DECISION_TOKENS = "inferencepool_router_disaggregation_decision_prompt_to
 ROUTER_WINDOW_TOKENS = "inferencepool_router_window_prompt_tokens"
 WINDOW_POOLS = ("prefill", "direct")  # the pool label, in RouteLoad order: (to the prefill pool, direct)
 BYPASS_REASON = "prefill_busy"  # long prompts sent direct because the prefill pool's queue was too long
-ROUTES = ("direct", "disaggregated", "fallback")
+ROUTES = ("direct", "disaggregated", "fallback", "lent")
 
 
 def _counter(page: Page, name: str) -> float | None:
@@ -383,7 +388,13 @@ def observation(
 ) -> Observation:
     """The planner's input. What is not known stays None (the planner keeps the replicas when the load is
     unknown, and skips a correction it has no figure for)."""
-    to_prefill, direct, bypassed = _routes(router.load, prefill.load, decode.load)
+    to_prefill, direct, bypassed, lent = _routes(router.load, prefill.load, decode.load)
+    generated = None if decode.load is None else round(decode.load.generation_tokens)
+    lent_generated = None
+    if lent is not None and lent.prompts and prefill.load is not None:
+        # a prefill leg generates its one token; what the prefill engines generated beyond those was lent
+        lent_generated = max(0, round(prefill.load.generation_tokens) - _prefill_legs(router.load))
+        generated = None if generated is None else generated + lent_generated
     kv_usage = mean_context = None
     if decode.gauges:
         kv_usage = sum(g.kv_usage for g in decode.gauges) / len(decode.gauges)
@@ -397,7 +408,9 @@ def observation(
         to_prefill=to_prefill,
         direct=direct,
         bypassed=bypassed,
-        generated_tokens=None if decode.load is None else round(decode.load.generation_tokens),
+        lent=lent,
+        lent_generated_tokens=lent_generated,
+        generated_tokens=generated,
         prefill=PoolSignals(
             prefill.replicas,
             prefill.ready,
@@ -423,19 +436,26 @@ def _quantile(histogram: Histogram | None, percentile: int) -> float | None:
     return None if histogram is None else histogram.quantile(percentile / 100)
 
 
+def _prefill_legs(router: RouterSample | None) -> int:
+    """Prefill legs the router sent over the interval: one per disaggregated request."""
+    return 0 if router is None else round(router.requests.values[1])
+
+
 def _routes(
     router: RouterSample | None, prefill: EngineSample | None, decode: EngineSample | None
-) -> tuple[RouteLoad | None, RouteLoad | None, RouteLoad | None]:
-    """(to the prefill pool, direct, bypassed) prompts and their tokens over the interval. Bypassed prompts
-    (sent direct because the prefill pool was busy) are in the first, not the second."""
+) -> tuple[RouteLoad | None, RouteLoad | None, RouteLoad | None, RouteLoad | None]:
+    """(to the prefill pool, direct, bypassed, lent) prompts and their tokens over the interval. Bypassed
+    prompts (sent direct because the prefill pool was busy) are in the first, not the second; lent prompts
+    (served whole on a prefill pod because the decodes queued) in the second, not the first."""
     if router is None:
-        return None, None, None
-    n_direct, n_disaggregated, n_fallback = (round(v) for v in router.requests.values)
+        return None, None, None, None
+    n_direct, n_disaggregated, n_fallback, n_lent = (round(v) for v in router.requests.values)
     if router.prompt_tokens is not None:
-        t_direct, t_disaggregated, t_fallback = (round(v) for v in router.prompt_tokens.values)
+        t_direct, t_disaggregated, t_fallback, t_lent = (round(v) for v in router.prompt_tokens.values)
         if prefill is not None and n_disaggregated:
-            # the prefill engines' own count: exact, where the router may only estimate
-            t_disaggregated = round(prefill.computed_tokens)
+            # the prefill engines' own count: exact, where the router may only estimate; it includes the
+            # lent prompts they computed (at most their routed size)
+            t_disaggregated = max(0, round(prefill.computed_tokens) - t_lent)
         bypassed = None
         if router.bypassed is not None:
             # counted at the decision, the route at its decode leg: never more than the direct route's
@@ -449,13 +469,14 @@ def _routes(
             RouteLoad(
                 n_disaggregated + n_fallback, t_disaggregated + t_fallback, burst_prompt_tokens=b_prefill
             ),
-            RouteLoad(n_direct, t_direct, burst_prompt_tokens=b_direct),
+            RouteLoad(n_direct + n_lent, t_direct + t_lent, burst_prompt_tokens=b_direct),
             bypassed,
+            RouteLoad(n_lent, t_lent),
         )
     # An older router: the tokens from the engines (a prefill pod prefills only disaggregated prompts, a
     # decode pod counts every prompt it serves); fallback prompts at the disaggregated mean.
     if decode is None or (n_disaggregated and prefill is None):
-        return None, None, None
+        return None, None, None, None
     disaggregated = prefill.computed_tokens if prefill is not None and n_disaggregated else 0.0
     mean = disaggregated / n_disaggregated if n_disaggregated else 0.0
     fallback = mean * n_fallback
@@ -463,5 +484,6 @@ def _routes(
     return (
         RouteLoad(n_disaggregated + n_fallback, round(disaggregated + fallback)),
         RouteLoad(n_direct, round(remaining)),
+        None,
         None,
     )

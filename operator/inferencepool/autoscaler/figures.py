@@ -32,3 +32,4 @@ class AutoscalerFigures:
     disaggregated_percent: int | None = None  # of the routers' requests over the window (None: none)
     threshold_tokens: int | None = None  # the routers' live threshold, while it adapts
     limits: ScalingLimits | None = None  # None: nothing autoscales
+    lent_percent: int | None = None  # of the routers' requests, served whole on prefill pods (role lending)

@@ -208,6 +208,10 @@ class Observation:
     # of to_prefill, the prompts the router sent direct because the prefill pool was busy: prefill demand,
     # but work the decode pods did (their predicted utilisation, for the correction, counts it)
     bypassed: RouteLoad | None = None
+    # of direct, the prompts served whole on prefill pods (role lending), and the tokens they generated
+    # there (in generated_tokens): decode demand, but work the prefill pods did
+    lent: RouteLoad | None = None
+    lent_generated_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -462,7 +466,6 @@ class Planner:
         interval = max(obs.interval_seconds, 1e-9)
         model = self.model
         w_p = to_prefill.work(model) / interval
-        prefill = self._observe_prefill(obs.prefill, w_p)
         context = obs.decode.mean_context_tokens
         if context is None:
             total = direct.prompts + to_prefill.prompts
@@ -473,12 +476,18 @@ class Planner:
         generating = delta * (generated / interval)
         w_bypassed = 0.0 if obs.bypassed is None else obs.bypassed.work(model) / interval
         on_decode = w_p if obs.prefill.ready == 0 else w_bypassed  # prefill work the decode pods did
+        # lent work: decode demand the prefill pods carried (their utilisation, not the decode pods')
+        w_lent = 0.0 if obs.lent is None else obs.lent.work(model) / interval
+        lent_generating = delta * ((obs.lent_generated_tokens or 0) / interval)
+        on_decode -= w_lent + lent_generating
+        prefill = self._observe_prefill(obs.prefill, w_p, w_lent + lent_generating)
         return _Seen(prefill, self._observe_decode(obs.decode, w_d, generating, on_decode, t0), t0)
 
-    def _observe_prefill(self, signals: PoolSignals, w_p: float) -> _RoleSeen:
+    def _observe_prefill(self, signals: PoolSignals, w_p: float, lent: float = 0.0) -> _RoleSeen:
+        """`lent`: the decode pool's work the prefill pods did (role lending), in their utilisation only."""
         s = self.settings
         if signals.ready > 0:
-            self._correct("prefill", signals.busy_fraction, w_p / signals.ready)
+            self._correct("prefill", signals.busy_fraction, (w_p + lent) / signals.ready)
         observed = signals.observed_seconds
         over = self._feedback(
             "prefill",

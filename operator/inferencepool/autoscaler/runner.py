@@ -38,6 +38,8 @@ from inferencepool.api import labels
 from inferencepool.api.pods import http_url, is_ready
 from inferencepool.api.v1alpha1 import POOL_ROLES, Autoscaling, InferencePool, PoolRole, ScalingDecision
 from inferencepool.autoscaler.feed import (
+    ROUTER_REQUESTS,
+    ROUTES,
     PoolFeed,
     RolePages,
     RoleReading,
@@ -79,9 +81,7 @@ log = logging.getLogger("inferencepool.autoscaler")
 SCRAPE_TIMEOUT_SECONDS = 3.0
 METRIC = {"prefill": (TTFT_METRIC, "TTFT"), "decode": (ITL_METRIC, "ITL")}
 # The router's own metrics (router/metrics.py): requests by route, and the threshold in force.
-ROUTER_REQUESTS = "inferencepool_router_requests"
 ROUTER_THRESHOLD = "inferencepool_router_prefill_threshold_tokens"
-ROUTES = ("direct", "disaggregated", "fallback")
 # How often and over how long the router is read when no pool autoscales (else: the pools' own settings).
 ROUTER_INTERVAL_SECONDS = 15.0
 ROUTER_WINDOW_SECONDS = 60.0
@@ -140,6 +140,7 @@ class PoolAutoscaler:
         self._routes: Window[Counts] = Window()
         self._router_due = 0.0
         self.disaggregated_percent: int | None = None
+        self.lent_percent: int | None = None
         self.threshold_tokens: int | None = None
         self._parsed: list[PageReading] = []  # this round's pages
         self._readings: deque[Reading] = deque()
@@ -188,6 +189,7 @@ class PoolAutoscaler:
                 state.observed_milliseconds = figures.observed_milliseconds
         if status.router is not None:
             self.disaggregated_percent = status.router.disaggregated_percent
+            self.lent_percent = status.router.lent_percent
             if pool.spec.router.adaptive_threshold.enabled:
                 self.threshold_tokens = status.router.prefill_threshold_tokens
 
@@ -458,6 +460,7 @@ class PoolAutoscaler:
         if change is not None:
             # None (not 0) for a quiet window: no requests says nothing about the split.
             self.disaggregated_percent = round(100 * change.values[1] / total) if total else None
+            self.lent_percent = round(100 * change.values[3] / total) if total else None
         if thresholds:
             self.threshold_tokens = round(sum(thresholds) / len(thresholds))
         return ready_pods, read
@@ -534,7 +537,9 @@ class PoolAutoscaler:
             for role, state in self._roles.items()
         }
         threshold = self.threshold_tokens if self.pool.spec.router.adaptive_threshold.enabled else None
-        return AutoscalerFigures(roles, self.disaggregated_percent, threshold, self._limits())
+        return AutoscalerFigures(
+            roles, self.disaggregated_percent, threshold, self._limits(), self.lent_percent
+        )
 
     def _limits(self) -> ScalingLimits | None:
         """Whether a role wants more replicas than it can get (None when nothing autoscales)."""

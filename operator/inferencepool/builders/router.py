@@ -80,6 +80,7 @@ def router_config(pool: InferencePool, ref: PoolRef) -> RouterConfig:
             enabled=router.prefix_affinity, block_tokens=spec.effective_kv_cache().chunk_size
         ),
         transfer_mode=spec.kv_transfer.connector,
+        role_lending=spec.lends_roles(),
         lmcache_pd=LMCachePDConfig(
             proxy_port=lmcache.PD_PROXY_PORT,
             receiver_init_ports=lmcache.pd_init_ports(tp),

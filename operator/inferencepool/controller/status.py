@@ -381,6 +381,7 @@ def _router_status(
         if adaptive
         else pool.spec.router.prefill_threshold_tokens,
         disaggregated_percent=figures.disaggregated_percent,
+        lent_percent=figures.lent_percent,
     )
 
 

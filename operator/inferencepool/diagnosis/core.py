@@ -42,6 +42,7 @@ AIM: Final = 0.8  # a recommendation aims the limiting figure at 80% of its targ
 HEADROOM: Final = 0.7  # a pool at or under 70% of its target can take more load
 SHORT_PROMPT_TOKENS: Final = 1024  # prompts this short gain nothing from a KV transfer
 LOW_CONCURRENCY: Final = 2.0  # requests in flight per decode engine
+LENT_SPLIT_SHARE: Final = 0.2  # a split that lends a fifth of its requests to the prefill pool should change
 REPETITIVE_HIT_RATE: Final = 0.3  # share of prompt tokens found in a prefix cache
 TAIL_FACTOR: Final = 2.0  # p99 this many times the target while p50 meets it: a tail, not capacity
 SMALL_TOKEN_BUDGET: Final = 2048  # vLLM's budget on smaller GPUs; a chunk this size stalls decodes briefly
@@ -120,6 +121,7 @@ class Traffic:
     prompt_p50: float | None
     prompt_p90: float | None
     disaggregated_share: float | None  # of routed requests
+    lent_share: float | None  # of routed requests: served whole on prefill pods (role lending)
     prefix_hit_rate: float | None  # vLLM's GPU prefix cache, every engine
     external_hit_rate: float | None  # KV connector hits (LMCache CPU tier, p2p) where prompts are prefilled
     lmcache_hit_rate: float | None  # LMCache's own counters, when on the page
@@ -185,9 +187,10 @@ def traffic(window: PoolWindow) -> Traffic:
         requests = router.total_requests
         routed = router.requests.get("direct", 0.0) + router.requests.get("disaggregated", 0.0)
         share = _ratio(router.requests.get("disaggregated", 0.0), routed + router.requests.get("fallback", 0))
+        lent = _ratio(router.requests.get("lent", 0.0), requests)
     else:
         requests = window.decode.requests if window.decode is not None else 0.0
-        share = None
+        share = lent = None
     prompt = router.prompt_tokens if router is not None else None
     decode = window.decode
     mean_output = None
@@ -206,6 +209,7 @@ def traffic(window: PoolWindow) -> Traffic:
         prompt_p50=prompt.quantile(0.5) if prompt is not None and prompt.count else None,
         prompt_p90=prompt.quantile(0.9) if prompt is not None and prompt.count else None,
         disaggregated_share=share,
+        lent_share=lent,
         prefix_hit_rate=_hit_rate(engines, "vllm:prefix_cache_hits", "vllm:prefix_cache_queries"),
         external_hit_rate=_hit_rate(
             [e for e in prefilling if e is not None],
@@ -406,6 +410,11 @@ def _evidence_common(case: _Case) -> None:
         case.evidence.append(
             f"routing: {_pct(t.disaggregated_share)} of requests went through the prefill pool"
         )
+    if t.lent_share:
+        case.evidence.append(
+            f"role lending: {_pct(t.lent_share)} of requests were served whole on prefill engines while "
+            "every decode engine queued"
+        )
     for role in ("prefill", "decode"):
         engines = case.window.engines(role)
         if engines is None or engines.pods == 0:
@@ -558,6 +567,23 @@ def _decode_concurrency(case: _Case) -> float | None:
     return decode.running.mean if decode.running is not None else None
 
 
+def _advise_split(case: _Case) -> None:
+    """A pool that lends much of its decode work to the prefill pods has too few decode pods for its load:
+    move one prefill replica to decode (lending is the answer to a burst, the split to a steady share)."""
+    s, t = case.settings, case.traffic
+    if t.lent_share is None or t.lent_share < LENT_SPLIT_SHARE or s.prefill_replicas < 2:
+        return
+    case.advice.append(
+        Advice(
+            "AddDecodeReplicas",
+            f"split {s.prefill_replicas}P:{s.decode_replicas}D -> {s.prefill_replicas - 1}P:"
+            f"{s.decode_replicas + 1}D: {_pct(t.lent_share)} of requests were lent to the prefill pool "
+            f"(served whole there while every decode engine queued), more than {_pct(LENT_SPLIT_SHARE)}",
+            replicas=s.decode_replicas + 1,
+        )
+    )
+
+
 def _advise_colocation(case: _Case) -> None:
     """Disaggregation does not pay for short prompts or low concurrency."""
     s, t = case.settings, case.traffic
@@ -697,6 +723,7 @@ def diagnose(window: PoolWindow, settings: PoolSettings) -> Diagnosis:
         verdict = "None"
     _evidence_common(case)
     _ADVISERS[verdict](case)
+    _advise_split(case)
     if verdict in ("Decode", "None"):
         _advise_colocation(case)
     if not case.advice:

@@ -59,7 +59,7 @@ ROUTER_PROMPT_TOKENS: Final = f"{ROUTER_PREFIX}_prompt_tokens"
 ROUTER_FALLBACKS: Final = f"{ROUTER_PREFIX}_fallbacks"
 ROUTER_THRESHOLD: Final = f"{ROUTER_PREFIX}_prefill_threshold_tokens"
 ROUTER_IN_FLIGHT: Final = f"{ROUTER_PREFIX}_in_flight_requests"
-ROUTES: Final = ("direct", "disaggregated", "fallback")
+ROUTES: Final = ("direct", "disaggregated", "fallback", "lent")
 FALLBACK_REASONS: Final = ("no_prefill_pod", "prefill_failed", "kv_push_timeout")
 
 

@@ -88,6 +88,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--kv-transfer-config", default=None, help="vLLM KVTransferConfig as JSON")
+    # read only for the NIXL role checks (_check_nixl_parallel); the fake models one stage, one context rank
+    parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+    parser.add_argument("--prefill-context-parallel-size", "-pcp", type=int, default=1)
     parser.add_argument(
         "--shutdown-timeout",
         type=int,
@@ -137,6 +140,23 @@ def _check_batch_limits(profile: Any, max_num_batched_tokens: int | None, max_nu
         )
 
 
+def _check_nixl_parallel(kv_role: str, pipeline: int, prefill_context: int) -> None:
+    """What NixlConnector refuses by kv_role (vLLM 0.33, docs/engine-contract.md section 3, roles): prefill
+    context parallelism only on a producer (nixl/connector.py:NixlBaseConnector.__init__), pipeline
+    parallelism not on a consumer (nixl/base_worker.py:NixlBaseConnectorWorker.__init__). A pod given the
+    other phase's work keeps its role, so these hold for lent work too."""
+    if prefill_context > 1 and kv_role in ("kv_consumer", "kv_both"):
+        raise ValueError(
+            "--prefill-context-parallel-size: NixlConnector PCP currently supports kv_producer only. "
+            "Consumers and kv_both require prefill_context_parallel_size=1."
+        )
+    if pipeline > 1 and kv_role == "kv_consumer":
+        raise ValueError(
+            "--pipeline-parallel-size: NixlPushConnector consumer (decode) does not support "
+            "pipeline_parallel_size > 1."
+        )
+
+
 def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Any:
     """EngineConfig from vLLM-style flags and environment; raises ValueError naming a bad flag or variable."""
     from inferencepool.engine_sim.core import LmcacheSettings
@@ -171,6 +191,10 @@ def build_config(args: argparse.Namespace, environ: dict[str, str] | None = None
         log.warning(
             "Using kv_role='kv_both' with NixlConnector is deprecated (vLLM 0.33): set kv_producer for "
             "prefill instances and kv_consumer for decode instances"
+        )
+    if nixl_config is not None:
+        _check_nixl_parallel(
+            str(nixl_config.get("kv_role")), args.pipeline_parallel_size, args.prefill_context_parallel_size
         )
     lease = float(((nixl_config or {}).get("kv_connector_extra_config") or {}).get("kv_lease_duration", 30))
     failure_policy = (nixl_config or kv_config).get("kv_load_failure_policy", "fail")

@@ -223,7 +223,8 @@ ROWS: Final = (
                 "(long, but the chosen decode pod holds enough of its prefix), long (enough uncached tokens "
                 "to pay for the transfer), prefill_busy (the prefill queue would miss the TTFT target, the "
                 "decode pod not), decode_busy and prefill_idle (a medium prompt spared a busy decode pod), "
-                "no_prefill_pod.",
+                "decode_saturated (role lending: served whole on a prefill pod while every decode pod "
+                "queued), no_prefill_pod.",
                 (Query(rate(f"{ROUTER}_disaggregation_decisions", by="reason"), "{{reason}}"),),
                 unit="reqps",
                 stacked=True,

@@ -257,6 +257,12 @@ class RouterConfig(_Model):
             "KV usage (load signals for pod and route choice); 0 turns it off",
         ),
     ] = 500
+    role_lending: Annotated[
+        bool,
+        Field(
+            description="serve a request whole on a prefill pod when every decode pod queues (LengthAware)"
+        ),
+    ] = False
     resume_streams: Annotated[
         bool,
         Field(description="continue a stream on another decode pod when its engine dies mid-answer"),
@@ -298,6 +304,7 @@ class RouterConfig(_Model):
             anchor_blocks=affinity.shared_prefix_blocks,
             load_factor=affinity.load_factor_percent / 100,
             min_load_bound=affinity.min_load_bound,
+            lending=self.role_lending and self.policy == "LengthAware",
         )
 
     def to_wire(self) -> dict[str, object]:

@@ -117,6 +117,9 @@ class Orchestrator:
         if authorization is not None:
             headers.append(("Authorization", authorization))
 
+        if route is Route.LENT:
+            # served whole on the prefill pod: no kv_transfer_params, so its engine prefills and decodes
+            decode_pod, uncached = prefill_pod, decision.prefill_tokens
         decode_payload = raw
         speed = self.scheduler.speed
         if route is Route.DISAGGREGATED and prefill_pod is not None:

@@ -79,8 +79,9 @@ class LiveState:
 def arrival_pool(route: Route, reason: RouteReason) -> str:
     """Which pool a prompt's prefill is demand for: the prefill pool's when the router sent it there, or
     meant to (fallback, and prompts sent direct only because the prefill pool was busy, as the autoscaler's
-    feed counts them), else the decode pods' (direct)."""
-    if route is Route.DIRECT and reason is not RouteReason.PREFILL_BUSY:
+    feed counts them), else the decode pods' (direct), lent prompts included: the feed counts them as decode
+    demand that a prefill pod served."""
+    if route is Route.LENT or (route is Route.DIRECT and reason is not RouteReason.PREFILL_BUSY):
         return "direct"
     return "prefill"
 
@@ -205,7 +206,7 @@ class RouterMetrics:
         registry.register(_ArrivalCollector(self.arrivals))
         self.requests = Counter(
             f"{PREFIX}_requests",
-            "Requests by route (direct, disaggregated, fallback)",
+            "Requests by route (direct, disaggregated, fallback, lent: served whole on a prefill pod)",
             ["route"],
             registry=registry,
         )
@@ -256,8 +257,9 @@ class RouterMetrics:
         self.decisions = Counter(
             f"{PREFIX}_disaggregation_decisions",
             "Route decisions by reason: policy, short, cached (long but the decode pod holds its prefix), "
-            "long, prefill_busy, decode_busy, prefill_idle, no_prefill_pod, kv_incompatible (no prefill pod "
-            "whose KV the decode pod can load)",
+            "long, prefill_busy, decode_busy, prefill_idle, decode_saturated (lent to a prefill pod while "
+            "every decode pod queued), no_prefill_pod, kv_incompatible (no prefill pod whose KV the decode "
+            "pod can load)",
             ["reason"],
             registry=registry,
         )

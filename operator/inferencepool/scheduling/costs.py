@@ -33,6 +33,12 @@ class RouteCosts:
     # whether the decode pod can prefill this prompt without stalling the decodes it runs past their ITL
     # target (nothing running there, or a prefill shorter than the target); False: no bypass onto it
     decode_has_room: bool = True
+    # the decode side queues: no decode pod, or every one has requests waiting in its engine or a full KV
+    # cache (past its batch, sized for the ITL target, or its memory): a prompt sent to any, directly or after
+    # a transfer, waits behind them
+    decode_saturated: bool = False
+    # serving the request whole on the prefill pod (role lending): its queue and the prompt it would compute
+    lend_seconds: float = 0.0
 
 
 @dataclass(slots=True)
@@ -82,20 +88,27 @@ def route_costs(
     decode_pod: Endpoint | None,
     ttft_target_seconds: float,
     itl_target_seconds: float,
+    prefill_tokens: int | None = None,
+    decode_saturated: bool = False,
 ) -> RouteCosts:
     """A decode pod has room for a bypassed prompt when it runs nothing (no decode to stall) or when the
     prompt's prefill is shorter than the ITL target: a long prefill on a busy decode pod would stall every
     stream it serves by as much."""
+    saturated = decode_saturated
     rate = speed.seconds_per_token
     if rate is None:
-        return RouteCosts(uncached_tokens, 0.0, 0.0, 0.0, 0.0, None)
+        return RouteCosts(uncached_tokens, 0.0, 0.0, 0.0, 0.0, None, decode_saturated=saturated)
     prefill_seconds = rate * uncached_tokens
+    prefill_queue = rate * speed.queue_tokens(prefill_pod) if prefill_pod is not None else 0.0
+    lend_tokens = uncached_tokens if prefill_tokens is None else prefill_tokens
     return RouteCosts(
         uncached_tokens=uncached_tokens,
         prefill_seconds=prefill_seconds,
-        prefill_queue_seconds=rate * speed.queue_tokens(prefill_pod) if prefill_pod is not None else 0.0,
+        prefill_queue_seconds=prefill_queue,
         decode_queue_seconds=rate * speed.queue_tokens(decode_pod) if decode_pod is not None else 0.0,
         transfer_seconds=speed.transfer_seconds_per_token * uncached_tokens,
         ttft_target_seconds=ttft_target_seconds,
         decode_has_room=decode_pod is None or decode_pod.load == 0 or prefill_seconds <= itl_target_seconds,
+        decode_saturated=saturated,
+        lend_seconds=prefill_queue + rate * lend_tokens,
     )

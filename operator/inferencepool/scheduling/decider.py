@@ -14,6 +14,15 @@ Around that rule, a load-aware bypass both ways, from the route costs (`costs.py
   transfer). Both only for prompts of at least a quarter of the threshold: a transfer never pays for a
   handful of tokens.
 
+Role lending (`spec.router.roleLending`, LengthAware only): a request is served whole on a prefill pod
+(route `lent`, reason `decode_saturated`) when the decode side queues (no decode pod, or every one has
+requests waiting in its engine or a full KV cache: past the batch the operator sized for the ITL target, or
+its memory, so the request would wait on either route) and the prefill pod would not: nothing waiting in
+its engine and, once the prefill speed is known, its queue plus the whole prompt within the TTFT target.
+vLLM serves a request without `kv_transfer_params` colocated whatever the engine's kv_role
+(docs/engine-contract.md, section 3), and the operator sizes a lending pool's prefill chunk so that the
+lent decodes keep their ITL target (`InferencePoolSpec.batch_args`).
+
 Policy Colocated never disaggregates, AlwaysDisaggregate always does when it can.
 """
 
@@ -30,6 +39,8 @@ class Route(StrEnum):
     """A decode pod prefills the prompt itself (short prompt, or Colocated policy)."""
     DISAGGREGATED = "disaggregated"
     """Prefill pod computes the KV cache, the decode pod fetches it and generates."""
+    LENT = "lent"
+    """Served whole (prefill and decode) on a prefill pod: the decode pool was saturated (role lending)."""
     FALLBACK = "fallback"
     """Meant for the prefill pool, served colocated because no prefill pod could take it (none ready, none
     whose KV the decode pod can load) or the prefill leg failed."""
@@ -45,6 +56,7 @@ class RouteReason(StrEnum):
     PREFILL_BUSY = "prefill_busy"  # the prefill pool's queue would miss the TTFT target, the decode pod not
     DECODE_BUSY = "decode_busy"  # the decode pod's prefill queue would miss it, the prefill pool not
     PREFILL_IDLE = "prefill_idle"  # a medium prompt goes to an idle prefill pod, sparing the decodes' ITL
+    DECODE_SATURATED = "decode_saturated"  # lent: the decode side queues, a prefill pod has room
     NO_PREFILL_POD = "no_prefill_pod"  # no prefill pod is ready
     KV_INCOMPATIBLE = "kv_incompatible"  # prefill pods are ready, none with the decode pod's KV-compat label
 
@@ -56,9 +68,13 @@ def decide(
     prefill_ready: bool,
     prompt_tokens: int,
     no_prefill: RouteReason = RouteReason.NO_PREFILL_POD,
+    *,
+    lending: bool = False,
+    prefill_idle: bool = False,
 ) -> tuple[Route, RouteReason]:
     """The route and why (see the module's docstring). `prefill_ready`: a prefill pod can take the request;
-    when none can, `no_prefill` says why."""
+    when none can, `no_prefill` says why. `lending`: the pool lends decode work to prefill pods;
+    `prefill_idle`: the prefill pod has nothing waiting in its engine."""
     if policy == "Colocated":
         return Route.DIRECT, RouteReason.POLICY
     if policy == "AlwaysDisaggregate":
@@ -66,6 +82,9 @@ def decide(
             return Route.FALLBACK, no_prefill
         return Route.DISAGGREGATED, RouteReason.POLICY
     target = costs.ttft_target_seconds
+    lend = lending and prefill_ready and prefill_idle and costs.decode_saturated
+    if lend and (target is None or costs.lend_seconds <= target):
+        return Route.LENT, RouteReason.DECODE_SATURATED
     direct = costs.decode_queue_seconds + costs.prefill_seconds
     disaggregated = costs.prefill_queue_seconds + costs.prefill_seconds + costs.transfer_seconds
     if costs.uncached_tokens < threshold_tokens:

@@ -52,6 +52,7 @@ class SchedulerConfig:
     anchor_blocks: int = 4  # blocks a shared prefix needs before it keeps requests together
     load_factor: float = 1.25
     min_load_bound: int = 4
+    lending: bool = False  # role lending: serve a request whole on a prefill pod when the decodes queue
 
 
 @dataclass(slots=True)  # not frozen: built once per request on the router's hot path
@@ -59,7 +60,7 @@ class Decision(Generic[E]):
     route: Route
     reason: RouteReason
     decode: E | None  # None: no decode pod takes requests
-    prefill: E | None  # the prefill pod, on the disaggregated route (else the one the decision weighed)
+    prefill: E | None  # the prefill pod, on the disaggregated and lent routes (else the one weighed)
     prompt_tokens: int
     uncached_tokens: int  # what the decode pod would compute: the prompt less its cached prefix
     prefill_tokens: int  # ... and what the prefill pod would
@@ -78,7 +79,8 @@ class Scheduler:
     ) -> Decision[E]:
         config = self.config
         prefixes = view.prefixes
-        decode, cached_blocks = self.pick(view.available("decode", now), keys, prefixes)
+        decodes = view.available("decode", now)
+        decode, cached_blocks = self.pick(decodes, keys, prefixes)
         uncached = self._uncached(tokens, cached_blocks)
         prefill: E | None = None
         prefill_tokens = tokens
@@ -94,11 +96,31 @@ class Scheduler:
             prefill_tokens = self._uncached(tokens, prefill_blocks)
         speed = self.speed
         costs = route_costs(
-            speed, uncached, prefill, decode, config.ttft_target_seconds, config.itl_target_seconds
+            speed,
+            uncached,
+            prefill,
+            decode,
+            config.ttft_target_seconds,
+            config.itl_target_seconds,
+            prefill_tokens,
+            config.lending and all(pod.engine_waiting > 0 or pod.kv_full for pod in decodes),
         )
         prefill_ready = prefill is not None
-        route, reason = decide(config.policy, costs, threshold_tokens, prefill_ready, tokens, no_prefill)
+        route, reason = decide(
+            config.policy,
+            costs,
+            threshold_tokens,
+            prefill_ready,
+            tokens,
+            no_prefill,
+            lending=config.lending,
+            prefill_idle=prefill is not None and prefill.engine_waiting == 0,
+        )
         speed.observe_prompt(uncached)
+        if route is Route.LENT and prefill is not None:
+            if keys:
+                prefixes.sent(prefill.name, keys)  # the prefill pod computes it and keeps it
+            return Decision(route, reason, decode, prefill, tokens, uncached, prefill_tokens)
         if decode is not None and keys:
             prefixes.sent(decode.name, keys)  # it computes the prompt, or the transfer lands its KV there
         if route is Route.DISAGGREGATED and prefill is not None and keys:

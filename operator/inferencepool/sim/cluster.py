@@ -157,6 +157,9 @@ class PlannerScaling:
     percentile: int = 90
 
 
+LENT = Route.LENT.value  # a record's route
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -540,6 +543,11 @@ class ClusterSim:
         record.route, record.reason = route.value, decision.reason.value
         record.uncached_tokens = decision.uncached_tokens
         record.decode_pod = decision.decode.name if decision.decode is not None else None
+        if route is Route.LENT:
+            assert decision.prefill is not None
+            # served whole on the prefill pod (role lending), whose uncached prefix is what it computes
+            record.decode_pod = decision.prefill.name
+            record.uncached_tokens = decision.prefill_tokens
         if self._scrape is not None:
             self._scrape.routed(route, decision.reason, record.prompt_tokens)
         request_id = f"r{record.index}"
@@ -800,7 +808,7 @@ class ClusterSim:
         else:
             replica.itl.observe(now - replica.last_token[request_id])
         replica.last_token[request_id] = now
-        if replica.role == "prefill":
+        if replica.role == "prefill" and record.route != LENT:  # a prefill leg (a lent request streams)
             assert event.finish_reason is not None
             replica.last_token.pop(request_id, None)
             self._prefill_done(replica, record, event)

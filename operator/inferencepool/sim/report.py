@@ -89,6 +89,7 @@ class Summary:
     goodput_ratio: float | None = None  # against the baseline of the same run (colocated, or static peak)
     gpu_seconds_ratio: float | None = None
     good_per_gpu_hour_ratio: float | None = None
+    lent_percent: float = 0.0  # served whole on a prefill pod (role lending)
 
 
 def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
@@ -135,6 +136,7 @@ def summarize(result: ScenarioResult, slo: Slo, window_seconds: float = 300.0) -
         gpu_seconds=result.gpu_seconds,
         good_per_gpu_hour=good / hours if hours else 0.0,
         disaggregated_percent=100 * disaggregated / len(served) if served else 0.0,
+        lent_percent=100 * sum(r.route == "lent" for r in served) / len(served) if served else 0.0,
         trace_seconds=result.trace_span,
         makespan_seconds=result.makespan,
         engine_steps=result.engine_steps,
@@ -177,7 +179,7 @@ def _x(value: float | None) -> str:
 
 def table(summaries: Sequence[Summary], baseline: str = "coloc") -> str:
     versus = f"vs {baseline}"
-    header = (
+    header: tuple[str, ...] = (
         "scenario",
         "goodput r/s",
         versus,
@@ -191,7 +193,7 @@ def table(summaries: Sequence[Summary], baseline: str = "coloc") -> str:
         versus,
         "disagg %",
     )
-    rows = [
+    rows: list[tuple[str, ...]] = [
         (
             s.scenario,
             f"{s.goodput_rps:.2f}",
@@ -208,6 +210,9 @@ def table(summaries: Sequence[Summary], baseline: str = "coloc") -> str:
         )
         for s in summaries
     ]
+    if any(s.lent_percent for s in summaries):  # role lending: how much the prefill pods served whole
+        header = (*header, "lent %")
+        rows = [(*row, f"{s.lent_percent:.0f}") for row, s in zip(rows, summaries, strict=True)]
     widths = [max(len(str(row[i])) for row in (header, *rows)) for i in range(len(header))]
     lines = [
         "  ".join(
