@@ -112,6 +112,11 @@ class OpenLeg:
         last_problem = f"no {role} pod is ready"
         timed_out = False
         pinned = self._pinned
+        if pinned is not None:
+            # A pinned leg may carry another pod's KV handle: a retry stays on pods the handle is valid on
+            # (the same KV-compatibility label), never crossing a revision mid-rollout.
+            tried.update(p.name for p in legs.pods.pods.values() if p.kv_compat != pinned.kv_compat)
+        barred = len(tried)  # nothing tried beyond these: 503
         for attempt in range(legs.max_attempts):
             if attempt == 0 and pinned is not None and pinned.accepts_new and pinned.name not in tried:
                 pod: Pod | None = pinned
@@ -164,7 +169,7 @@ class OpenLeg:
                 # The leg outlives this block: the count stays up until __aexit__.
                 self._hold, self._response = hold.keep(), response
                 return Leg(pod, response)
-        status = 503 if len(tried) == len(self._exclude) else 504 if timed_out else 502
+        status = 503 if len(tried) == barred else 504 if timed_out else 502
         raise UpstreamError(last_problem, status)
 
     async def __aexit__(self, *_: object) -> None:
