@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,13 @@ def kubectl_ok(cluster: TestCluster, *args: str, input_text: str | None = None) 
     result = cluster.kubectl(*args, input_text=input_text)
     assert result.returncode == 0, f"kubectl {' '.join(args)} failed: {result.stderr}"
     return result.stdout
+
+
+def patch_spec(cluster: TestCluster, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    """`kubectl patch` of the pool's spec (a JSON merge patch), by the resource's fully qualified name."""
+    patch = json.dumps({"spec": spec})
+    resource = f"inferencepools.{labels.GROUP}"
+    kubectl_ok(cluster, "-n", namespace, "patch", resource, name, "--type=merge", "-p", patch)
 
 
 def create_pool(kube: Kube, namespace: str, document: dict[str, Any]) -> dict[str, Any]:
