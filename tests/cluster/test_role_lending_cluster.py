@@ -59,7 +59,10 @@ def lending_pool(namespace: str) -> dict[str, Any]:
         "scaleDownStabilizationSeconds": 0,
     }
     spec["prefill"]["replicas"] = 1
-    spec["prefill"]["autoscaling"] = {"target": {"ttftMilliseconds": 6000, "percentile": 90}, **common}
+    # The lent requests' TTFT is in the prefill engines' histogram, the planner's prefill latency signal; with
+    # two sequences a batch one sometimes waits there for a slot (the router reads the engine's queue every
+    # 500 ms), seconds at the slowed time. A loose target keeps the latency guard out of the demand's way.
+    spec["prefill"]["autoscaling"] = {"target": {"ttftMilliseconds": 20000, "percentile": 90}, **common}
     spec["decode"]["replicas"] = 1
     spec["decode"]["autoscaling"] = {"target": {"itlMilliseconds": 2000, "percentile": 90}, **common}
     return document
