@@ -222,6 +222,21 @@ TTFT = Histogram((0.5, 1.0, 2.0, math.inf), (50, 90, 100, 100), 60.0)
             {"to_prefill": RouteLoad(4, 33000), "direct": RouteLoad(12, 5000), "generated": 1100},
         ),
         (
+            "a prompt a peer decode pod prefilled is prefill demand the prefill engines did not count",
+            # 3 disaggregated prompts, one of 6000 tokens prefilled on a peer decode pod (prefill_saturated)
+            RouterSample(
+                Counts((10, 3, 1, 0)), Counts((2000, 30000, 9000, 0)), bypassed=Counts((0, 1, 0, 6000))
+            ),
+            EngineSample(24000, 2, TTFT),
+            EngineSample(41000, 900, ITL),
+            {
+                "to_prefill": RouteLoad(4, 39000),
+                "direct": RouteLoad(10, 2000),
+                "generated": 900,
+                "bypassed": RouteLoad(1, 6000),
+            },
+        ),
+        (
             "an older router: tokens from the engines, fallback at the disaggregated mean",
             RouterSample(Counts((10, 3, 1, 0)), None),
             EngineSample(24000, 3, TTFT),
@@ -264,6 +279,8 @@ def test_observation_from_the_readings(
         expected["direct"],
         expected["generated"],
     ), case
+    if "bypassed" in expected:
+        assert obs.bypassed == expected["bypassed"], case
     assert (obs.now, obs.interval_seconds) == (100.0, 15.0)
     assert (obs.prefill.replicas, obs.prefill.ready, obs.decode.ready) == (2, 2, 1)
 

@@ -15,7 +15,9 @@ Per router pod: requests and prompt tokens by route (`inferencepool_router_reque
 (route="direct") over the percentile window; and the prompts the router sent direct only because the prefill
 pool was busy (`inferencepool_router_disaggregation_decisions{reason="prefill_busy"}` and
 `..._decision_prompt_tokens`): they count as demand for the prefill pool, not for decode (the policy wanted
-them prefilled there), and as work the decode pods did. And, per pool, the most prompt tokens that arrived in
+them prefilled there), and as work the decode pods did; so do the prompts a peer decode pod prefilled for
+another because the prefill pool queued (role lending, reason `prefill_saturated`, on the disaggregated route:
+the prefill engines' own count does not hold them). And, per pool, the most prompt tokens that arrived in
 one of the router's fixed windows over the interval (`inferencepool_router_window_prompt_tokens`, a histogram
 of each window's total by pool): the bursts the planner holds capacity for.
 
@@ -67,6 +69,8 @@ ROUTER_DECISION_TOKENS = "inferencepool_router_disaggregation_decision_prompt_to
 ROUTER_WINDOW_TOKENS = "inferencepool_router_window_prompt_tokens"
 WINDOW_POOLS = ("prefill", "direct")  # the pool label, in RouteLoad order: (to the prefill pool, direct)
 BYPASS_REASON = "prefill_busy"  # long prompts sent direct because the prefill pool's queue was too long
+PEER_REASON = "prefill_saturated"  # long prompts prefilled on a peer decode pod (role lending)
+BYPASS_REASONS = (BYPASS_REASON, PEER_REASON)
 ROUTES = ("direct", "disaggregated", "fallback", "lent")
 
 
@@ -172,7 +176,8 @@ class RouterSample:
 
     requests: Counts
     prompt_tokens: Counts | None
-    # (requests, prompt tokens) sent direct because the prefill pool was busy; a detail of `requests`
+    # requests by BYPASS_REASONS, then their prompt tokens: sent direct because the prefill pool was busy, and
+    # prefilled on a peer decode pod because it queued (role lending); a detail of `requests`
     bypassed: Counts | None = field(default=None, compare=False)
     # the arrival windows' totals by pool (prefill, direct), cumulative as read
     windows: tuple[Histogram, Histogram] | None = field(default=None, compare=False)
@@ -217,8 +222,8 @@ def read_router(page: Page) -> tuple[RouterSample | None, Histogram | None]:
     direct route (None without it)."""
     requests = read_counts(page, ROUTER_REQUESTS, "route", ROUTES)
     tokens = read_counts(page, ROUTER_PROMPT_TOKENS, "route", ROUTES)
-    decisions = read_counts(page, ROUTER_DECISIONS, "reason", (BYPASS_REASON,))
-    decision_tokens = read_counts(page, ROUTER_DECISION_TOKENS, "reason", (BYPASS_REASON,))
+    decisions = read_counts(page, ROUTER_DECISIONS, "reason", BYPASS_REASONS)
+    decision_tokens = read_counts(page, ROUTER_DECISION_TOKENS, "reason", BYPASS_REASONS)
     bypassed = (
         None
         if decisions is None or decision_tokens is None
@@ -445,23 +450,28 @@ def _routes(
     router: RouterSample | None, prefill: EngineSample | None, decode: EngineSample | None
 ) -> tuple[RouteLoad | None, RouteLoad | None, RouteLoad | None, RouteLoad | None]:
     """(to the prefill pool, direct, bypassed, lent) prompts and their tokens over the interval. Bypassed
-    prompts (sent direct because the prefill pool was busy) are in the first, not the second; lent prompts
-    (served whole on a prefill pod because the decodes queued) in the second, not the first."""
+    prompts (sent direct because the prefill pool was busy, or prefilled on a peer decode pod because it
+    queued: prefill demand, work the decode pods did) are in the first, not the second; lent prompts (served
+    whole on a prefill pod because the decodes queued) in the second, not the first."""
     if router is None:
         return None, None, None, None
     n_direct, n_disaggregated, n_fallback, n_lent = (round(v) for v in router.requests.values)
     if router.prompt_tokens is not None:
         t_direct, t_disaggregated, t_fallback, t_lent = (round(v) for v in router.prompt_tokens.values)
+        n_peer = t_peer = 0
+        if router.bypassed is not None:
+            # counted at the decision, the route at its decode leg: never more than the route's
+            n_peer = min(n_disaggregated, round(router.bypassed.values[1]))
+            t_peer = min(t_disaggregated, round(router.bypassed.values[3]))
         if prefill is not None and n_disaggregated:
             # the prefill engines' own count: exact, where the router may only estimate; it includes the
-            # lent prompts they computed (at most their routed size)
-            t_disaggregated = max(0, round(prefill.computed_tokens) - t_lent)
+            # lent prompts they computed (at most their routed size), not those peer decode pods computed
+            t_disaggregated = max(0, round(prefill.computed_tokens) - t_lent) + t_peer
         bypassed = None
         if router.bypassed is not None:
-            # counted at the decision, the route at its decode leg: never more than the direct route's
             n_bypassed = min(n_direct, round(router.bypassed.values[0]))
-            t_bypassed = min(t_direct, round(router.bypassed.values[1]))
-            bypassed = RouteLoad(n_bypassed, t_bypassed)
+            t_bypassed = min(t_direct, round(router.bypassed.values[2]))
+            bypassed = RouteLoad(n_bypassed + n_peer, t_bypassed + t_peer)
             n_direct, t_direct = n_direct - n_bypassed, t_direct - t_bypassed
             n_fallback, t_fallback = n_fallback + n_bypassed, t_fallback + t_bypassed
         b_prefill, b_direct = router.burst_tokens or (None, None)

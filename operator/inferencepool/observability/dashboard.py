@@ -224,7 +224,8 @@ ROWS: Final = (
                 "to pay for the transfer), prefill_busy (the prefill queue would miss the TTFT target, the "
                 "decode pod not), decode_busy and prefill_idle (a medium prompt spared a busy decode pod), "
                 "decode_saturated (role lending: served whole on a prefill pod while every decode pod "
-                "queued), no_prefill_pod.",
+                "queued), prefill_saturated (role lending: prefilled on an idle decode pod for a busy one "
+                "while every prefill pod queued), no_prefill_pod.",
                 (Query(rate(f"{ROUTER}_disaggregation_decisions", by="reason"), "{{reason}}"),),
                 unit="reqps",
                 stacked=True,

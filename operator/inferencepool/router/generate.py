@@ -124,7 +124,10 @@ class Orchestrator:
         speed = self.scheduler.speed
         if route is Route.DISAGGREGATED and prefill_pod is not None:
             prefill_tokens = decision.prefill_tokens
-            found_idle = prefill_pod.queued_tokens == 0 and prefill_pod.engine_waiting == 0
+            # the prefill pool's speed, not a peer decode pod's (role lending: reason prefill_saturated)
+            found_idle = prefill_pod.role == "prefill" and (
+                prefill_pod.queued_tokens == 0 and prefill_pod.engine_waiting == 0
+            )
             work = Queued(prefill_pod, prefill_tokens)
             leg_started = time.monotonic()
             try:

@@ -258,8 +258,9 @@ class RouterMetrics:
             f"{PREFIX}_disaggregation_decisions",
             "Route decisions by reason: policy, short, cached (long but the decode pod holds its prefix), "
             "long, prefill_busy, decode_busy, prefill_idle, decode_saturated (lent to a prefill pod while "
-            "every decode pod queued), no_prefill_pod, kv_incompatible (no prefill pod whose KV the decode "
-            "pod can load)",
+            "every decode pod queued), prefill_saturated (prefilled on an idle decode pod for a busy one "
+            "while every prefill pod queued), no_prefill_pod, kv_incompatible (no prefill pod whose KV the "
+            "decode pod can load)",
             ["reason"],
             registry=registry,
         )

@@ -808,7 +808,8 @@ class ClusterSim:
         else:
             replica.itl.observe(now - replica.last_token[request_id])
         replica.last_token[request_id] = now
-        if replica.role == "prefill" and record.route != LENT:  # a prefill leg (a lent request streams)
+        # a prefill leg: on a prefill pod (a lent request streams), or on a peer decode pod (role lending)
+        if (replica.role == "prefill" and record.route != LENT) or record.prefill_pod == replica.name:
             assert event.finish_reason is not None
             replica.last_token.pop(request_id, None)
             self._prefill_done(replica, record, event)
