@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from tests.unit.builders_examples import load_pool
-from tests.unit.test_diagnosis_window import Engine, Router
+from tests.unit.test_bottleneck_window import Engine, Router
 
 from inferencepool.api import crd, labels
 from inferencepool.api.v1alpha1 import InferencePool, InferencePoolStatus

@@ -45,7 +45,7 @@ DECISION_REASONS: Final = (
     "MissingMetrics",
     "Other",
 )
-# status.bottleneck.phase (inferencepool.diagnosis); anything else is reported as Unknown.
+# status.bottleneck.phase (inferencepool.bottleneck); anything else is reported as Unknown.
 BOTTLENECK_PHASES: Final = ("Prefill", "Decode", "Interference", "KVTransfer", "None", "Unknown")
 RESULTS: Final = ("ok", "error")
 RECONCILE_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
 from inferencepool.autoscaler.histogram import Histogram
-from inferencepool.diagnosis.settings import PoolSettings
-from inferencepool.diagnosis.window import EngineWindow, PoolWindow
+from inferencepool.bottleneck.settings import PoolSettings
+from inferencepool.bottleneck.window import EngineWindow, PoolWindow
 
 Verdict = Literal["Prefill", "Decode", "Interference", "KVTransfer", "None"]
 VERDICTS: Final[tuple[Verdict, ...]] = ("Prefill", "Decode", "Interference", "KVTransfer", "None")
@@ -150,7 +150,7 @@ class Diagnosis:
 
 @dataclass(frozen=True)
 class WhatIfRow:
-    """One scenario of the what-if replay (diagnosis/whatif.py), as the report shows it."""
+    """One scenario of the what-if replay (whatif/replay.py), as the report shows it."""
 
     scenario: str  # "colocated", "current", "recommended"
     policy: str
@@ -895,7 +895,7 @@ _ADVISERS = {
 
 
 def with_what_if(diagnosis: Diagnosis, table: Sequence[WhatIfRow], settings: PoolSettings) -> Diagnosis:
-    """The diagnosis checked against the what-if (diagnosis/whatif.py): of the threshold candidates, the one
+    """The diagnosis checked against the what-if (whatif/replay.py): of the threshold candidates, the one
     with the best predicted goodput is recommended if it beats the current threshold, else the threshold
     advice is withdrawn; colocation advice the replay contradicts is withdrawn too. Each with a note."""
     notes = list(diagnosis.notes)

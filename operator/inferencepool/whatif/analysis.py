@@ -7,15 +7,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from inferencepool.api.v1alpha1 import InferencePool
-from inferencepool.diagnose.whatif import (
+from inferencepool.bottleneck.core import Diagnosis, WhatIfRow, diagnose, with_what_if
+from inferencepool.bottleneck.settings import PoolSettings
+from inferencepool.bottleneck.window import PoolWindow, Snapshot, window
+from inferencepool.perf.profiles import EngineProfile
+from inferencepool.whatif.replay import (
     DEFAULT_MAX_REQUESTS,
     DEFAULT_SECONDS,
     what_if,
 )
-from inferencepool.diagnosis.core import Diagnosis, WhatIfRow, diagnose, with_what_if
-from inferencepool.diagnosis.settings import PoolSettings
-from inferencepool.diagnosis.window import PoolWindow, Snapshot, window
-from inferencepool.perf.profiles import EngineProfile
 
 
 @dataclass(frozen=True)

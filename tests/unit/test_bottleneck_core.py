@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from inferencepool.autoscaler.histogram import Histogram
-from inferencepool.diagnosis.core import (
+from inferencepool.bottleneck.core import (
     Diagnosis,
     WhatIfRow,
     diagnose,
@@ -18,9 +18,9 @@ from inferencepool.diagnosis.core import (
     token_share_above,
     with_what_if,
 )
-from inferencepool.diagnosis.settings import EngineSettings, PoolSettings
-from inferencepool.diagnosis.status import bottleneck_condition, bottleneck_status
-from inferencepool.diagnosis.window import EngineWindow, Gauge, PoolWindow, RouterWindow
+from inferencepool.bottleneck.settings import EngineSettings, PoolSettings
+from inferencepool.bottleneck.status import bottleneck_condition, bottleneck_status
+from inferencepool.bottleneck.window import EngineWindow, Gauge, PoolWindow, RouterWindow
 from inferencepool.engine_sim.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from inferencepool.router.metrics import PROMPT_BUCKETS
 
