@@ -22,16 +22,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 PREFIX: Final = "inferencepool"
 ROLES: Final = ("prefill", "decode")
-# The autoscaler's decision reasons (inferencepool.autoscaler.latency_rule and .planner); anything else is
+# The autoscaler's decision reasons (inferencepool.autoscaler.planner); anything else is
 # reported as Other, so a new reason can never add unbounded series.
 DECISION_REASONS: Final = (
-    "TargetExceeded",
-    "BelowTarget",
-    "WithinTolerance",
-    "NoTraffic",
-    "WaitingForReplicas",
-    "Stabilizing",
-    "OutOfBounds",
     "ForecastUp",
     "ForecastDown",
     "LatencyGuard",
