@@ -41,6 +41,7 @@ from inferencepool.autoscaler.figures import AutoscalerFigures, RoleFigures
 from inferencepool.autoscaler.histogram import Reading
 from inferencepool.bottleneck.core import diagnose
 from inferencepool.bottleneck.settings import settings_from_pool
+from inferencepool.bottleneck.sizing import size
 from inferencepool.bottleneck.status import bottleneck_condition, bottleneck_status
 from inferencepool.bottleneck.window import PodPage, PodRole, Snapshot, WindowError, window
 from inferencepool.builders.rollout import RolloutPlan
@@ -430,7 +431,7 @@ def bottleneck_of(
         return Bottleneck(document, ConditionValue("Unknown", "NoMetrics", message))
     found = {role: sum(p.role == role for p in snapshots[-1].pages) for role in POOL_ROLES}
     settings = settings_from_pool(pool, {role: count for role, count in found.items() if count})
-    diagnosis = diagnose(measured, settings)
+    diagnosis = diagnose(measured, settings, size(snapshots[0], snapshots[-1], settings))
     _, status, reason, message = bottleneck_condition(diagnosis)
     condition = ConditionValue(status, reason, message)
     return Bottleneck(bottleneck_status(diagnosis, measured.seconds), condition)

@@ -213,6 +213,9 @@ def _settings(args: argparse.Namespace, pool: Any, later: Any) -> Any:
             pool, {r: n for r, n in found.items() if n}, args.ttft_slo_ms, args.itl_slo_ms
         )
     else:
+        from inferencepool.autoscaler.capacity import from_profile
+        from inferencepool.perf.profiles import get_profile
+
         policy = args.policy or ("LengthAware" if found["prefill"] else "Colocated")
         settings = PoolSettings(
             ttft_target_ms=args.ttft_slo_ms or 800,
@@ -220,6 +223,8 @@ def _settings(args: argparse.Namespace, pool: Any, later: Any) -> Any:
             policy=policy,
             prefill_replicas=found["prefill"] if policy != "Colocated" else 0,
             decode_replicas=max(found["decode"], 1),
+            # the planner sizes replicas with the profile's table (with a pool: its engines', as the operator)
+            capacity=from_profile(get_profile(_profile_name(args, pool))),
         )
     changes: dict[str, Any] = {}
     if args.percentile is not None:
