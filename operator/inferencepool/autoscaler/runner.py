@@ -159,8 +159,8 @@ class PoolAutoscaler:
         return [role for role in POOL_ROLES if planned(self.pool.spec, role) is not None]
 
     def settings(self, role: PoolRole) -> Autoscaling | None:
-        autoscaling = self.pool.spec.pool(role).autoscaling
-        return autoscaling if autoscaling is not None and autoscaling.enabled else None
+        """The role's autoscaling settings while it autoscales (the planner decides its replicas)."""
+        return planned(self.pool.spec, role)
 
     @property
     def ref(self) -> PoolRef:
