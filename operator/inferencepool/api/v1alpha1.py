@@ -1510,7 +1510,10 @@ class PoolStatus(StatusModel):
     observed_milliseconds: int | None = Field(
         default=None,
         ge=0,
-        description="Latency at the target percentile over the last window (prefill: TTFT, decode: ITL).",
+        description=(
+            "Latency at the target percentile over the last window (prefill: TTFT; decode: the requests' "
+            "time per output token, or the token gaps from engines that do not export it)."
+        ),
     )
     target_milliseconds: int | None = Field(
         default=None, ge=0, description="The latency target, when autoscaling."
@@ -1523,7 +1526,7 @@ class PoolStatus(StatusModel):
         default=None,
         ge=0,
         description=(
-            "The autoscaler's latest recommendation (what it writes in mode Operator, what an HPA or KEDA "
+            "The planner's latest recommendation (what it writes in mode Operator, what an HPA or KEDA "
             "may act on in mode External)."
         ),
     )
