@@ -134,7 +134,7 @@ def test_an_idle_prefill_pool_goes_to_zero_and_long_prompts_bring_it_back(
     )
 
 
-def test_min_replicas_zero_is_refused_where_nothing_could_bring_the_pool_back(
+def test_scaling_specs_the_planner_cannot_hold_are_refused_naming_the_field(
     cluster: TestCluster, crd_installed: None, namespace: str
 ) -> None:
     for role, changes, complaint in (

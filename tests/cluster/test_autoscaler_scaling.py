@@ -123,9 +123,10 @@ def test_decode_pool_scales_on_its_load_up_to_max_then_back_down(
     )
     last = figures["lastScaling"]
     assert (last["fromReplicas"], last["replicas"]) == (1, 2), last
-    # wanting more than maxReplicas: the planner says ScalingLimited, with the figures behind it
-    assert last["reason"] in ("ForecastUp", "ScalingLimited") and last["wantedReplicas"] >= 2, last
-    assert last["demandMilliEngines"] > 0 and "vs target 1ms" in last["message"], last
+    # sized from the load (ForecastUp; ScalingLimited when it wanted more than maxReplicas at once), or the
+    # latency guard (over target with every replica up); the figures behind it in status
+    assert last["reason"] in ("ForecastUp", "ScalingLimited", "LatencyGuard"), last
+    assert last["wantedReplicas"] >= 2 and "vs target 1ms" in last["message"], last
     assert figures["observedMilliseconds"] >= 2
     eventually(lambda: "ScaledUp" in event_reasons(admin_kube, namespace, POOL), 15, "a ScaledUp event")
 
@@ -150,11 +151,12 @@ def test_decode_pool_scales_on_its_load_up_to_max_then_back_down(
     )
     assert int(columns[5].split("/")[0]) >= 2
 
-    # No traffic: back to minReplicas once the forecast (the recent load's mean) has fallen.
+    # No traffic: back to minReplicas once the forecast has fallen (the last minute's mean and the 5-minute
+    # trend: a pool shrinks no faster than its load has; up to ~140 s after a minute of load here).
     load.clear()
     eventually(
         lambda: decode_status(admin_kube, namespace).get("lastScaling", {}).get("reason") == "ForecastDown",
-        150,
+        240,
         "a ForecastDown scale-down",
     )
     assert admin_kube.get("apps/v1", "StatefulSet", namespace, f"{POOL}-decode")["spec"]["replicas"] == 1
