@@ -70,7 +70,7 @@ def record(operator: OperatorMetrics, pool: str, role: str, **figures: Any) -> N
         "current": 1,
         "desired": 1,
         "ready": 1,
-        "decision_reason": "WithinTolerance",
+        "decision_reason": "Steady",
         "scaling_limited": False,
         "degraded": False,
     }
@@ -101,7 +101,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
     record(operator, "demo", "decode")
     record(
         operator, "broken", "prefill", observed_ms=1500, current=2, desired=2, ready=1,
-        decision_reason="TargetExceeded", scaling_limited=True, degraded=True,
+        decision_reason="ForecastUp", scaling_limited=True, degraded=True,
     )  # fmt: skip
     record(operator, "broken", "decode", degraded=True)
     operator.record_bottleneck(NAMESPACE, "demo", "None", None)
@@ -212,7 +212,7 @@ async def test_every_dashboard_query_returns_data(stack: Stack) -> None:
     await asyncio.sleep(3)
     record(
         stack.operator, "broken", "prefill", observed_ms=1500, current=2, desired=3, ready=1,
-        decision_reason="TargetExceeded", scaling_limited=True, degraded=True,
+        decision_reason="ForecastUp", scaling_limited=True, degraded=True,
     )  # fmt: skip
     problems = await check_dashboard(stack.prometheus, NAMESPACE, ["demo", "broken"], set())
     assert not problems, "\n".join(problems)

@@ -367,9 +367,9 @@ def test_planner_settings_from_the_spec() -> None:
     )
     assert (settings.model_load_seconds, settings.interval_seconds) == (300, 10)
     assert settings.scale_down_delay_seconds == settings.warmup_seconds == 300  # the spec's default
-    # A role not on the planner is pinned where it is; a pool with none on the planner has no settings.
+    # A role that does not autoscale is pinned where it is; a pool where none does has no settings.
     decode_only = spec(
-        prefill={"autoscaling": scaling({"ttftMilliseconds": 800}, policy="Latency")},
+        prefill={"autoscaling": scaling({"ttftMilliseconds": 800}, enabled=False)},
         decode={"autoscaling": scaling({"itlMilliseconds": 40})},
     )
     settings = planner_settings(decode_only, {"prefill": 3, "decode": 2})

@@ -69,7 +69,7 @@ NONE = AutoscalerFigures()
 
 def test_one_document_carries_the_autoscalers_figures_and_formats_the_columns_from_them() -> None:
     scaled = ScalingDecision.model_validate(
-        {"fromReplicas": 3, "replicas": 4, "reason": "TargetExceeded", "time": "2026-12-01T09:00:00Z"}
+        {"fromReplicas": 3, "replicas": 4, "reason": "ForecastUp", "time": "2026-12-01T09:00:00Z"}
     )
     figures = AutoscalerFigures(
         {"prefill": RoleFigures(650), "decode": RoleFigures(31, scaled)},

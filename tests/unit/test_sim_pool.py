@@ -31,7 +31,7 @@ def test_the_example_spec_maps_as_the_operator_maps_it() -> None:
     assert (scenario.prefill_chunk_tokens, scenario.decode_chunk_tokens) == (None, 1024)
     assert (scenario.prefill_max_num_seqs, scenario.decode_max_num_seqs) == (None, None)
     assert (scenario.lmcache_cpu_gib, scenario.lmcache_p2p) == (20.0, True)
-    assert scenario.planner is not None and scenario.autoscaling is None
+    assert scenario.planner is not None
     settings = scenario.planner.settings
     assert (settings.prefill.min_replicas, settings.prefill.max_replicas) == (1, 8)
     assert (settings.decode.min_replicas, settings.decode.max_replicas) == (2, 16)

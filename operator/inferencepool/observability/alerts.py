@@ -86,8 +86,8 @@ ALERTS: Final = (
         "The {{ $labels.role }} pool has been above its latency target (prefill: TTFT, decode: ITL) for "
         "${latency_missed_minutes} minutes; observed {{ $value | humanizeDuration }} at the target "
         "percentile. If InferencePoolScalingLimited fires too, raise maxReplicas or add GPU nodes; otherwise "
-        "the dashboard's Scaling row shows why the autoscaler has not caught up (WaitingForReplicas: pods "
-        "still loading the model). " + RUNBOOK_HINT,
+        "the dashboard's Scaling row shows why the autoscaler has not caught up (pods still loading the "
+        "model: the Progressing condition, WaitingForReplicas). " + RUNBOOK_HINT,
     ),
     Alert(
         "InferencePoolScalingLimited",

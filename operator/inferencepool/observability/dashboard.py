@@ -174,8 +174,8 @@ ROWS: Final = (
             ),
             Panel(
                 "Autoscaler's last decision",
-                "The reason of each role's last scaling decision (e.g. TargetExceeded, BelowTarget, "
-                "NoTraffic, ForecastUp, ForecastDown, LatencyGuard, ScalingLimited); kubectl describe pdpool "
+                "The reason of each role's last scaling decision (e.g. ForecastUp, ForecastDown, "
+                "LatencyGuard, ScaleDownDelay, ScalingLimited); kubectl describe pdpool "
                 "has the figures behind it.",
                 (
                     Query(

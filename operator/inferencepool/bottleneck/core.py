@@ -27,8 +27,9 @@ from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
 from inferencepool.autoscaler.histogram import Histogram
-from inferencepool.diagnosis.settings import PoolSettings
-from inferencepool.diagnosis.window import EngineWindow, PoolWindow
+from inferencepool.bottleneck.settings import PoolSettings
+from inferencepool.bottleneck.sizing import Sizing
+from inferencepool.bottleneck.window import EngineWindow, PoolWindow
 
 Verdict = Literal["Prefill", "Decode", "Interference", "KVTransfer", "None"]
 VERDICTS: Final[tuple[Verdict, ...]] = ("Prefill", "Decode", "Interference", "KVTransfer", "None")
@@ -150,7 +151,7 @@ class Diagnosis:
 
 @dataclass(frozen=True)
 class WhatIfRow:
-    """One scenario of the what-if replay (diagnosis/whatif.py), as the report shows it."""
+    """One scenario of the what-if replay (whatif/replay.py), as the report shows it."""
 
     scenario: str  # "colocated", "current", "recommended"
     policy: str
@@ -290,6 +291,7 @@ class _Case:
     decode_itl: Percentiles | None
     ttft_target: float
     itl_target: float
+    sizing: Sizing | None = None  # the planner's replicas for the window's load (None: it could not say)
     evidence: list[str] = field(default_factory=list)
     advice: list[Advice] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -345,7 +347,7 @@ def _latencies(window: PoolWindow, settings: PoolSettings) -> list[Latency]:
     return lines
 
 
-def _case(window: PoolWindow, settings: PoolSettings) -> _Case:
+def _case(window: PoolWindow, settings: PoolSettings, sizing: Sizing | None = None) -> _Case:
     router = window.router
     decode = window.decode
     router_ttft = Percentiles.of(router.ttft_all()) if router is not None else None
@@ -365,6 +367,7 @@ def _case(window: PoolWindow, settings: PoolSettings) -> _Case:
         decode_itl=decode_itl,
         ttft_target=settings.ttft_target_ms / 1000,
         itl_target=settings.itl_target_ms / 1000,
+        sizing=sizing,
     )
 
 
@@ -372,16 +375,24 @@ def _advise_replicas(
     case: _Case,
     kind: Literal["AddPrefillReplicas", "AddDecodeReplicas"],
     role: Literal["prefill", "decode"],
-    load: float,
     why: str,
     prefix: str = "",
 ) -> None:
-    """The autoscaler's rule, ceil(replicas x observed / target) aimed under the target, within the role's
-    autoscaling ceiling; a role already at its ceiling is told to raise it."""
+    """More replicas of a role that misses its target: as many as the autoscaler's planner sizes the window's
+    load at (`sizing.py`; at least one more, since the role misses its target), within the role's autoscaling
+    ceiling; a role already at its ceiling is told to raise it."""
     s = case.settings
     current = s.prefill_replicas if role == "prefill" else s.decode_replicas
     what = f"{role} replicas" if s.disaggregated else "replicas"
-    wanted = max(current + 1, math.ceil(current * load / AIM))
+    sized = case.sizing.role(role) if case.sizing is not None else None
+    wanted = current + 1 if sized is None else max(current + 1, sized.wanted)
+    if sized is None:
+        why += "; the planner could not size the load from these pages, so one more at a time"
+    else:
+        why += (
+            f"; the planner sizes this load at {sized.wanted}: {sized.forecast:.2f} engine-s/s forecast at "
+            f"{sized.capacity_per_replica:.2f} per replica"
+        )
     ceiling = s.max_replicas.get(role)
     if ceiling is not None and current >= ceiling:
         text = (
@@ -693,8 +704,10 @@ def _latency_evidence(case: _Case) -> None:
         )
 
 
-def diagnose(window: PoolWindow, settings: PoolSettings) -> Diagnosis:
-    case = _case(window, settings)
+def diagnose(window: PoolWindow, settings: PoolSettings, sizing: Sizing | None = None) -> Diagnosis:
+    """The verdict, evidence and advice for the window; `sizing` (the planner's, `sizing.size`, over the
+    same window) gives the replica counts a role that misses its target is advised."""
+    case = _case(window, settings, sizing)
     t = case.traffic
     latencies = tuple(_latencies(window, settings))
     if t.requests < MIN_REQUESTS:
@@ -770,9 +783,7 @@ def _advise_prefill(case: _Case) -> None:
         case,
         "AddPrefillReplicas",
         "prefill" if s.disaggregated else "decode",
-        case.ttft_load or 1.0,
-        f"TTFT at p{s.percentile} is {case.ttft_load or 0:.1f}x the target; a queue inflates TTFT faster "
-        "than load grows, so this is an upper bound",
+        f"TTFT at p{s.percentile} is {case.ttft_load or 0:.1f}x the target",
         "after reuse, if TTFT still misses: " if reuse else "",
     )
 
@@ -799,7 +810,6 @@ def _advise_decode(case: _Case) -> None:
         case,
         "AddDecodeReplicas",
         "decode",
-        case.itl_load or 1.0,
         f"ITL at p{s.percentile} is {case.itl_load or 0:.1f}x the target: decode steps are bound by memory "
         "bandwidth and KV capacity",
     )
@@ -895,7 +905,7 @@ _ADVISERS = {
 
 
 def with_what_if(diagnosis: Diagnosis, table: Sequence[WhatIfRow], settings: PoolSettings) -> Diagnosis:
-    """The diagnosis checked against the what-if (diagnosis/whatif.py): of the threshold candidates, the one
+    """The diagnosis checked against the what-if (whatif/replay.py): of the threshold candidates, the one
     with the best predicted goodput is recommended if it beats the current threshold, else the threshold
     advice is withdrawn; colocation advice the replay contradicts is withdrawn too. Each with a note."""
     notes = list(diagnosis.notes)
