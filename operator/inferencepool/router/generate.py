@@ -10,6 +10,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -20,19 +21,25 @@ from inferencepool.router.errors import UpstreamError
 from inferencepool.router.http1 import Reply, Request, UpstreamFailure
 from inferencepool.router.legs import Legs
 from inferencepool.router.metrics import RouterMetrics
-from inferencepool.router.overload import PRIORITIES, PRIORITY_HEADER, Admission
+from inferencepool.router.overload import PRIORITIES, PRIORITY_HEADER, Admission, Slot
 from inferencepool.router.pods import Pod, Queued
-from inferencepool.router.prompt import BadRequest, Endpoint, read_prompt
+from inferencepool.router.prompt import BadRequest, Endpoint, Prompt, read_prompt
 from inferencepool.router.relay import NothingSent, Relay, Resumable
 from inferencepool.router.tokens import TokenCounter
 from inferencepool.router.transfer import ClientRequest, Transfer
 from inferencepool.scheduling.costs import PrefillSpeed
 from inferencepool.scheduling.decider import Route
-from inferencepool.scheduling.scheduler import Scheduler
+from inferencepool.scheduling.endpoint import EngineRole
+from inferencepool.scheduling.scheduler import Decision, Scheduler
 
 log = logging.getLogger("inferencepool.router")
 
 MAX_PREFIX_BLOCKS = 1024  # blocks hashed per prompt (256k tokens at 256 a block)
+
+
+def pool_of(route: Route) -> EngineRole:
+    """The pool that computes a request's prompt on `route`: it waits for a slot there (overload.py)."""
+    return "prefill" if route in (Route.DISAGGREGATED, Route.LENT) else "decode"
 
 
 def priority_of(request: Request) -> int:
@@ -69,15 +76,9 @@ class Orchestrator:
         self._block_tokens = self.scheduler.config.block_tokens
         self._stream_headers = config.stream_headers_seconds()
         self._releases: set[asyncio.Task[None]] = set()  # decode legs sent for clients that went away
-        overload = config.overload
         self.admission = (
-            Admission(
-                legs.pods,
-                config.policy == "Colocated",
-                overload.queue_requests,
-                overload.queue_milliseconds / 1000,
-            )
-            if overload.enabled and config.engine_metrics_interval_milliseconds
+            Admission(legs.pods, config.overload.queue_requests, config.overload_wait_seconds())
+            if config.overload.enabled and config.engine_metrics_interval_milliseconds
             else None
         )
 
@@ -89,8 +90,8 @@ class Orchestrator:
         except orjson.JSONDecodeError as error:
             raise BadRequest(f"request body is not valid JSON: {error}") from error
         prompt = read_prompt(body, endpoint, self.config.served_model_name)
-        if self.admission is not None:
-            await self.admission.admit(priority_of(request))
+        admission = self.admission
+        priority = priority_of(request) if admission is not None else 0
         block_tokens = self._block_tokens
         if block_tokens:
             tokens, keys = self.counter.measure_prefix(prompt, block_tokens, MAX_PREFIX_BLOCKS)
@@ -100,9 +101,41 @@ class Orchestrator:
         calibrator = self.calibrator
         if calibrator is not None and calibrator.wants_sample:
             calibrator.offer(endpoint, body, prompt)
-        decision = self.scheduler.schedule(
-            tokens, keys, self.legs.pods, time.monotonic(), self.threshold.threshold
-        )
+        pods = self.legs.pods
+        decision = self.scheduler.schedule(tokens, keys, pods, time.monotonic(), self.threshold.threshold)
+        if admission is None:
+            await self._route(request, reply, endpoint, started, body, prompt, tokens, decision, [])
+            return
+        # a slot of the pool that computes the prompt (overload.py); queued, it is scheduled again on the
+        # pods as they are once it has one
+        slot = await admission.pool(pool_of(decision.route)).acquire(priority)
+        if slot.waited:
+            decision = self.scheduler.schedule(tokens, keys, pods, time.monotonic(), self.threshold.threshold)
+            if pool_of(decision.route) != slot.role:
+                slot.release()
+                slot = admission.pool(pool_of(decision.route)).take()
+        slots = [slot]
+        try:
+            await self._route(request, reply, endpoint, started, body, prompt, tokens, decision, slots)
+        finally:
+            for held in slots:
+                held.release()
+
+    async def _route(
+        self,
+        request: Request,
+        reply: Reply,
+        endpoint: Endpoint,
+        started: float,
+        body: dict[str, Any],
+        prompt: Prompt,
+        tokens: int,
+        decision: Decision[Pod],
+        slots: list[Slot],
+    ) -> None:
+        """Serve the request on the route decided; `slots`: the pool slots it holds (overload.py), to which
+        a disaggregated request adds a decode slot once its prefill leg is done."""
+        raw = request.body
         route, reason = decision.route, decision.reason
         decode_pod, prefill_pod = decision.decode, decision.prefill
         uncached = decision.uncached_tokens
@@ -135,6 +168,10 @@ class Orchestrator:
                 )
             finally:
                 work.release()
+                if self.admission is not None and slots:
+                    # the prefill pool's slot is free again; the decode leg takes one of the decode pool's
+                    slots[0].release()
+                    slots.append(self.admission.pool("decode").take())
             if handoff is None or handoff.payload is None:
                 route = Route.FALLBACK  # counted by reason where it failed
             else:

@@ -284,9 +284,9 @@ class RouterMetrics:
         )
         self.shed = Counter(
             f"{PREFIX}_shed_requests",
-            "Requests answered 429 because every pool they could use was saturated (its engines queueing) "
-            "and the router's queue was full, by the pools saturated (decode: Colocated; both) and the "
-            "request's priority",
+            "Requests answered 429 because the pool that would compute their prompt (prefill: through the "
+            "prefill pool; decode: direct or Colocated) had no free slot and its queue in the router was "
+            "full, or they waited there too long, by that pool (role) and the request's priority",
             ["role", "priority"],
             registry=registry,
         )

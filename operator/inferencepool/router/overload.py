@@ -1,61 +1,104 @@
-"""Overload shedding: the router answers 429 instead of queueing without bound.
+"""Overload shedding: a bounded queue per pool, and 429 instead of queueing without bound.
 
-A pool is saturated when every engine of it that takes requests is queueing: requests wait inside it (its
-vllm:num_requests_waiting, scraped by engine_load.py) or its KV is full. Work sent there waits behind others
-however it is routed, so its first token misses any TTFT target by as long as the queue lasts. When every
-pool a request may go to is saturated (the decode pool, and the prefill pool unless the policy is
-Colocated), the request waits in the router's bounded queue for the scrape to find room; a request that
-finds the queue full is shed (429 with Retry-After, OpenAI's rate-limit error), or, when it carries a
-higher priority (the `X-Inferencepool-Priority` header, 0-9, default 0), the lowest-priority request queued
-is shed in its place (the newest of equals). One that waits past `overload.queueMilliseconds` is shed too.
+A request takes a slot of the pool that computes its prompt: the prefill pool for a disaggregated or lent
+request (its prefill leg; a lent one for all of it), the decode pool for a direct or Colocated one. A
+disaggregated request's decode leg then takes a decode slot without waiting (its KV is already computed:
+holding it back would only hold the prefill pod's blocks longer). A slot is free while the router holds
+fewer requests on the pool than its engines run without queueing: each engine pod's capacity is learned off
+its /metrics (engine_load.py): the requests it ran at a scrape that found others waiting inside it (this
+router's share of them, by its own requests there against the engine's), raised by one at a scrape that
+finds it running all the router gave it with nothing waiting. Until every pod of a pool has queued once
+the pool has no bound: it takes requests unless a scrape found every pod of it queueing. So admitted
+requests do not wait inside the engines, where every request is equal and the wait is unbounded; they wait
+here, highest priority first (`X-Inferencepool-Priority`, 0-9, default 0).
 
-Saturation is computed once per scrape, not per request: admitting a request is one flag and one length
-when nothing is saturated.
+Each pool's queue is bounded by what it drains within the wait a request may spend in the router
+(`overload.queueMilliseconds`, half the TTFT target unless set, so that the admitted request's TTFT, the
+wait plus its prefill, stays within the target): the pool's slots over the mean time a request holds one,
+times that wait, at most `overload.queueRequests`. A request that finds its pool's queue full is shed (429
+with Retry-After, OpenAI's rate-limit error) or, when it has a higher priority than the lowest queued,
+that one is shed in its place (the newest of equals); one that waits past the wait is shed too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from dataclasses import dataclass, field
 
 from inferencepool.router.pods import Pod, PodSet
+from inferencepool.scheduling.endpoint import EngineRole
 
 PRIORITY_HEADER = "x-inferencepool-priority"
 PRIORITIES = range(10)
+POOLS: tuple[EngineRole, ...] = ("prefill", "decode")
+_HOLD_WEIGHT = 0.1  # a finished hold's weight in the pool's mean hold time
 
 
 class Shed(Exception):
-    """The request is answered 429: every pool it could use is saturated and the router's queue is full
-    (or it waited there too long)."""
+    """The request is answered 429: its pool has no free slot and its queue is full (or it waited there
+    too long, or a request of a higher priority took its place)."""
 
-    def __init__(self, message: str, priority: int) -> None:
+    def __init__(self, message: str, priority: int, pool: EngineRole) -> None:
         super().__init__(message)
         self.priority = priority
+        self.pool = pool
+
+
+def serving(pod: Pod) -> bool:
+    return pod.accepts_new and not pod.unresponsive
 
 
 def pool_saturated(pods: list[Pod]) -> bool:
     """Every pod that takes requests queues them (none: not saturated; the router answers 503 then)."""
-    serving = [pod for pod in pods if pod.accepts_new and not pod.unresponsive]
-    return bool(serving) and all(pod.engine_waiting > 0 or pod.kv_full for pod in serving)
+    live = [pod for pod in pods if serving(pod)]
+    return bool(live) and all(pod.engine_waiting > 0 or pod.kv_full for pod in live)
 
 
 @dataclass(order=True)
 class _Waiter:
     priority: int
-    order: int  # negated arrival: of equal priorities the newest sorts first, so it is shed first
+    order: int  # negated arrival: of equal priorities the oldest is let in first, the newest shed first
     future: asyncio.Future[None] = field(compare=False)
 
 
-class Admission:
-    """The bounded queue in front of the pools; `refresh()` after each scrape."""
+class Slot:
+    """One request's hold on a pool's slot: `release()` once, however the request ends (later calls do
+    nothing)."""
 
-    def __init__(self, pods: PodSet, colocated: bool, queue_limit: int, queue_seconds: float) -> None:
+    __slots__ = ("granted", "pool", "waited")
+
+    def __init__(self, pool: PoolQueue, waited: bool) -> None:
+        self.pool = pool
+        self.waited = waited  # it queued: the pods it was scheduled on may have changed meanwhile
+        self.granted: float | None = time.monotonic()
+
+    @property
+    def role(self) -> EngineRole:
+        return self.pool.role
+
+    def release(self) -> None:
+        if self.granted is not None:
+            held, self.granted = time.monotonic() - self.granted, None
+            self.pool.returned(held)
+
+
+class PoolQueue:
+    """The slots of one pool (prefill or decode) and the requests waiting for one."""
+
+    def __init__(
+        self, role: EngineRole, pods: PodSet, capacity: dict[str, int], most_queued: int, wait_seconds: float
+    ) -> None:
+        self.role = role
         self.pods = pods
-        self.colocated = colocated
-        self.queue_limit = queue_limit
-        self.queue_seconds = queue_seconds
-        self.saturated = False
+        self.capacity = capacity  # learned per pod name (shared by both pools' queues)
+        self.most_queued = most_queued
+        self.wait_seconds = wait_seconds
+        self.held = 0  # slots the router's requests hold on this pool
+        self.hold_seconds: float | None = None  # mean time a request holds a slot
+        self.holds = 0
+        self.saturated = False  # the last scrape found every pod of the pool queueing
         self._queue: list[_Waiter] = []
         self._arrivals = itertools.count()
 
@@ -63,40 +106,122 @@ class Admission:
     def queued(self) -> int:
         return len(self._queue)
 
-    def refresh(self) -> None:
-        """Read saturation off the table (the engines' scraped figures); let queued requests go, the highest
-        priority first, once a pool has room."""
-        decode = pool_saturated(self.pods.by_role("decode"))
-        prefill = self.colocated or pool_saturated(self.pods.by_role("prefill"))
-        self.saturated = decode and prefill
-        if not self.saturated and self._queue:
-            for waiter in sorted(self._queue, reverse=True):
-                if not waiter.future.done():
-                    waiter.future.set_result(None)
-            self._queue.clear()
+    def slots(self) -> int | None:
+        """Requests the pool's engines run without queueing (None: a pod that never queued, no bound)."""
+        total = 0
+        live = False
+        for pod in self.pods.by_role(self.role):
+            if not serving(pod):
+                continue
+            live = True
+            learned = self.capacity.get(pod.name)
+            if learned is None:
+                return None
+            total += learned
+        return total if live else None
 
-    async def admit(self, priority: int) -> None:
-        """Return when the request may go on; raise Shed when it may not."""
-        if not self.saturated:
-            return
-        if len(self._queue) >= self.queue_limit:
+    def has_room(self) -> bool:
+        slots = self.slots()
+        return not self.saturated if slots is None else self.held < slots
+
+    def bound(self) -> int:
+        """The most requests the queue holds now: what the pool lets in within the wait, by its slots and
+        the mean time each is held."""
+        slots, hold = self.slots(), self.hold_seconds
+        if slots is None or hold is None:
+            return self.most_queued
+        return min(self.most_queued, int(self.wait_seconds * slots / hold))
+
+    async def acquire(self, priority: int) -> Slot:
+        """A slot once the pool has one for this request; raise Shed when it will not."""
+        if not self._queue and self.has_room():
+            self.held += 1
+            return Slot(self, False)
+        if len(self._queue) >= self.bound():
             lowest = min(self._queue) if self._queue else None
             if lowest is None or lowest.priority >= priority:
-                raise Shed("every pool is past its target and the router's queue is full", priority)
+                message = f"the {self.role} pool is past its capacity and its queue is full"
+                raise Shed(message, priority, self.role)
             self._queue.remove(lowest)
-            lowest.future.set_exception(Shed("shed for a request of a higher priority", lowest.priority))
+            lowest.future.set_exception(
+                Shed("shed for a request of a higher priority", lowest.priority, self.role)
+            )
         waiter = _Waiter(priority, -next(self._arrivals), asyncio.get_running_loop().create_future())
         self._queue.append(waiter)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter.future), self.queue_seconds)
+            await asyncio.wait_for(asyncio.shield(waiter.future), self.wait_seconds)
         except TimeoutError:
-            if waiter in self._queue:
-                self._queue.remove(waiter)
+            if self._granted(waiter):
+                return Slot(self, True)
+            self._queue.remove(waiter)
             raise Shed(
-                f"every pool stayed past its target for {self.queue_seconds:g} s while it was queued",
+                f"the {self.role} pool had no free slot for {self.wait_seconds:g} s while it was queued",
                 priority,
+                self.role,
             ) from None
         except asyncio.CancelledError:  # the client went away while queued
-            if waiter in self._queue:
+            if self._granted(waiter):
+                self.held -= 1
+                self.pump()
+            elif waiter in self._queue:
                 self._queue.remove(waiter)
             raise
+        return Slot(self, True)
+
+    @staticmethod
+    def _granted(waiter: _Waiter) -> bool:
+        future = waiter.future
+        return future.done() and not future.cancelled() and future.exception() is None
+
+    def take(self) -> Slot:
+        """A slot without waiting (a disaggregated request's decode leg: its KV is computed already)."""
+        self.held += 1
+        return Slot(self, False)
+
+    def returned(self, held_seconds: float) -> None:
+        self.held -= 1
+        self.holds += 1
+        if self.hold_seconds is None:
+            self.hold_seconds = held_seconds
+        else:
+            weight = max(_HOLD_WEIGHT, 1.0 / self.holds)
+            self.hold_seconds += (held_seconds - self.hold_seconds) * weight
+        self.pump()
+
+    def pump(self) -> None:
+        """Let queued requests in, the highest priority (then the oldest) first, while the pool has room."""
+        while self._queue and self.has_room():
+            waiter = max(self._queue)
+            self._queue.remove(waiter)
+            if not waiter.future.done():
+                self.held += 1
+                waiter.future.set_result(None)
+
+
+class Admission:
+    """The per-pool queues in front of the engines; `refresh()` after each scrape."""
+
+    def __init__(self, pods: PodSet, most_queued: int, wait_seconds: float) -> None:
+        self.pods = pods
+        self.capacity: dict[str, int] = {}
+        self.pools = {role: PoolQueue(role, pods, self.capacity, most_queued, wait_seconds) for role in POOLS}
+
+    def pool(self, role: EngineRole) -> PoolQueue:
+        return self.pools[role]
+
+    def refresh(self) -> None:
+        """Learn each pod's capacity off its scraped figures, then let in what now fits."""
+        capacity = self.capacity
+        for pod in self.pods.pods.values():
+            if not serving(pod):
+                continue
+            queued = pod.engine_running + pod.engine_waiting
+            if pod.engine_waiting > 0:
+                # this router's share of what the engine runs (other replicas send it requests too)
+                share = min(1.0, pod.outstanding / queued)
+                capacity[pod.name] = max(1, round(pod.engine_running * share))
+            elif pod.name in capacity and pod.outstanding >= capacity[pod.name]:
+                capacity[pod.name] += 1  # it runs all this router gave it with nothing waiting: one more
+        for role, queue in self.pools.items():
+            queue.saturated = pool_saturated(self.pods.by_role(role))
+            queue.pump()
