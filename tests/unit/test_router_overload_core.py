@@ -71,6 +71,25 @@ async def test_a_pod_running_all_it_was_given_without_queueing_gets_one_more() -
     assert admission.capacity["decode-0"] == 5
 
 
+async def test_a_raise_that_made_the_pod_queue_waits_twice_as_many_calm_scrapes_before_the_next() -> None:
+    pods = pod_set()
+    admission = Admission(pods, 8, WAIT)
+    pod = pods.pods["decode-0"]
+    await saturate(admission, pod, running=4, waiting=2)
+    scraped(pod, running=4, waiting=0)
+    admission.refresh()
+    assert admission.capacity["decode-0"] == 5
+    scraped(pod, running=4, waiting=1)  # the fifth waits: the engine runs four
+    admission.refresh()
+    assert admission.capacity["decode-0"] == 4
+    capacities = []
+    for _ in range(3):
+        scraped(pod, running=4, waiting=0)
+        admission.refresh()
+        capacities.append(admission.capacity["decode-0"])
+    assert capacities == [4, 5, 5]  # raised on the second calm scrape, not the first
+
+
 async def test_a_saturated_prefill_pool_queues_and_sheds_its_requests_while_the_decode_pool_admits() -> None:
     pods = pod_set()
     admission = Admission(pods, 1, WAIT)

@@ -4,13 +4,14 @@ A request takes a slot of the pool that computes its prompt: the prefill pool fo
 request (its prefill leg; a lent one for all of it), the decode pool for a direct or Colocated one. A
 disaggregated request's decode leg then takes a decode slot without waiting (its KV is already computed:
 holding it back would only hold the prefill pod's blocks longer). A slot is free while the router holds
-fewer requests on the pool than its engines run without queueing: each engine pod's capacity is learned off
-its /metrics (engine_load.py): the requests it ran at a scrape that found others waiting inside it (this
-router's share of them, by its own requests there against the engine's), raised by one at a scrape that
-finds it running all the router gave it with nothing waiting. Until every pod of a pool has queued once
-the pool has no bound: it takes requests unless a scrape found every pod of it queueing. So admitted
-requests do not wait inside the engines, where every request is equal and the wait is unbounded; they wait
-here, highest priority first (`X-Inferencepool-Priority`, 0-9, default 0).
+fewer requests on the pool than its engines run without queueing. Each engine pod's capacity is learned
+off its /metrics (engine_load.py): the requests it ran at a scrape that found others waiting inside it
+(this router's share of them, by its own requests there against the engine's); raised by one at a scrape
+that finds it running all the router gave it with nothing waiting, after twice as many such scrapes each
+time a raise made it queue (the request that tried the raise waits inside the engine). Until every pod of
+a pool has queued once the pool has no bound: it takes requests unless a scrape found every pod of it
+queueing. So admitted requests do not wait inside the engines, where every request is equal and the wait
+is unbounded; they wait here, highest priority first (`X-Inferencepool-Priority`, 0-9, default 0).
 
 Each pool's queue is bounded by what it drains within the wait a request may spend in the router
 (`overload.queueMilliseconds`, half the TTFT target unless set, so that the admitted request's TTFT, the
@@ -34,6 +35,7 @@ PRIORITY_HEADER = "x-inferencepool-priority"
 PRIORITIES = range(10)
 POOLS: tuple[EngineRole, ...] = ("prefill", "decode")
 _HOLD_WEIGHT = 0.1  # a finished hold's weight in the pool's mean hold time
+MAX_PROBE_SCRAPES = 64  # the longest a pod's capacity goes untried, in scrapes (32 s at 500 ms)
 
 
 class Shed(Exception):
@@ -198,12 +200,23 @@ class PoolQueue:
                 waiter.future.set_result(None)
 
 
+@dataclass(slots=True)
+class _Probe:
+    """When a pod's learned capacity is next raised by one: after `after` scrapes that find it running all
+    the router gave it with nothing waiting, doubled each time a raise made it queue."""
+
+    after: int = 1
+    calm: int = 0
+    raised: bool = False  # the last change was a raise, not yet confirmed or refuted by a scrape
+
+
 class Admission:
     """The per-pool queues in front of the engines; `refresh()` after each scrape."""
 
     def __init__(self, pods: PodSet, most_queued: int, wait_seconds: float) -> None:
         self.pods = pods
         self.capacity: dict[str, int] = {}
+        self._probes: dict[str, _Probe] = {}
         self.pools = {role: PoolQueue(role, pods, self.capacity, most_queued, wait_seconds) for role in POOLS}
 
     def pool(self, role: EngineRole) -> PoolQueue:
@@ -215,13 +228,24 @@ class Admission:
         for pod in self.pods.pods.values():
             if not serving(pod):
                 continue
+            name = pod.name
+            probe = self._probes.setdefault(name, _Probe())
             queued = pod.engine_running + pod.engine_waiting
             if pod.engine_waiting > 0:
                 # this router's share of what the engine runs (other replicas send it requests too)
                 share = min(1.0, pod.outstanding / queued)
-                capacity[pod.name] = max(1, round(pod.engine_running * share))
-            elif pod.name in capacity and pod.outstanding >= capacity[pod.name]:
-                capacity[pod.name] += 1  # it runs all this router gave it with nothing waiting: one more
+                learned = max(1, round(pod.engine_running * share))
+                if probe.raised and learned < capacity[name]:
+                    probe.after = min(probe.after * 2, MAX_PROBE_SCRAPES)  # the probe queued: wait longer
+                capacity[name], probe.raised, probe.calm = learned, False, 0
+            elif name in capacity and pod.outstanding >= capacity[name]:
+                # it runs all this router gave it with nothing waiting: one more, once it has for a while
+                if probe.raised:
+                    probe.after = 1
+                probe.calm += 1
+                if probe.calm >= probe.after:
+                    capacity[name] += 1
+                    probe.raised, probe.calm = True, 0
         for role, queue in self.pools.items():
             queue.saturated = pool_saturated(self.pods.by_role(role))
             queue.pump()
