@@ -5,6 +5,7 @@ and the pool's hold time. Counts only; no clock decides a verdict (the waits are
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 
 import pytest
@@ -164,6 +165,33 @@ async def one_slot_held(admission: Admission, pod: Pod) -> Slot:
     first, second = await saturate(admission, pod, running=1, waiting=1)
     second.release()
     return first
+
+
+async def test_a_disaggregated_request_waits_for_decode_holding_no_prefill_slot_and_returns_it_shed() -> None:
+    pods = pod_set()
+    admission = Admission(pods, 1, WAIT)
+    prefill, decode = admission.pool("prefill"), admission.pool("decode")
+    held = await one_slot_held(admission, pods.pods["decode-0"])
+    waiting = asyncio.create_task(admission.admit(("decode", "prefill"), 0))
+    await settle(lambda: decode.queued == 1)
+    assert prefill.held == 0  # nothing of the prefill pool is held while it waits for decode
+    held.release()
+    slots = await waiting
+    assert [slot.role for slot in slots] == ["decode", "prefill"] and decode.held == prefill.held == 1
+    # the prefill pool full and its queue too: a disaggregated request is shed and frees its decode slot
+    scraped(pods.pods["decode-0"], running=0, waiting=0)
+    admission.capacity["decode-0"] = 8  # decode has room now
+    await saturate(admission, pods.pods["prefill-0"], running=1, waiting=1)
+    queued = asyncio.create_task(admission.admit(("decode", "prefill"), 0))
+    await settle(lambda: prefill.queued == 1)
+    decode_held = decode.held
+    with pytest.raises(Shed) as shed:
+        await admission.admit(("decode", "prefill"), 0)
+    assert shed.value.pool == "prefill" and decode.held == decode_held
+    queued.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await queued
+    assert decode.held == decode_held - 1 and prefill.queued == 0
 
 
 def test_the_queue_holds_what_the_pool_drains_within_the_wait() -> None:

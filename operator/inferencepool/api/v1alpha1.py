@@ -701,8 +701,8 @@ class Overload(SpecModel):
         default=False,
         description=(
             "Hold each pool to the requests its engines run without queueing (learned from their metrics) "
-            "and queue the rest in the router, a queue per pool (prefill for requests that go through it, "
-            "decode for the others), highest X-Inferencepool-Priority header (0-9) first; answer 429 with "
+            "and queue the rest in the router, a queue per pool (decode for every request, prefill too for "
+            "those that go through it), highest X-Inferencepool-Priority header (0-9) first; answer 429 with "
             "Retry-After when a pool's queue is full, shedding the lowest priority first. "
             "Defaults to false: every request waits inside the engines however long."
         ),

@@ -241,8 +241,8 @@ ROWS: Final = (
             Panel(
                 "Requests shed (429)",
                 "Requests per second the router answered 429 with Retry-After (router.overload), by the "
-                "pool that would have computed their prompt (prefill: through the prefill pool; decode: "
-                "direct) and priority (X-Inferencepool-Priority): the pool ran all its engines run without "
+                "pool whose queue refused them (decode, or prefill for requests going through the prefill "
+                "pool) and priority (X-Inferencepool-Priority): the pool ran all its engines run without "
                 "queueing and its bounded queue in the router was full, or they waited there past "
                 "maxQueueMilliseconds. Lowest priorities go first.",
                 (

@@ -37,9 +37,11 @@ log = logging.getLogger("inferencepool.router")
 MAX_PREFIX_BLOCKS = 1024  # blocks hashed per prompt (256k tokens at 256 a block)
 
 
-def pool_of(route: Route) -> EngineRole:
-    """The pool that computes a request's prompt on `route`: it waits for a slot there (overload.py)."""
-    return "prefill" if route in (Route.DISAGGREGATED, Route.LENT) else "decode"
+def pools_of(route: Route) -> tuple[EngineRole, ...]:
+    """The pools a request on `route` takes a slot of, in the order it takes them (overload.py)."""
+    if route is Route.DISAGGREGATED:
+        return ("decode", "prefill")
+    return ("prefill",) if route is Route.LENT else ("decode",)
 
 
 def priority_of(request: Request) -> int:
@@ -106,20 +108,19 @@ class Orchestrator:
         if admission is None:
             await self._route(request, reply, endpoint, started, body, prompt, tokens, decision, [])
             return
-        # a slot of the pool that computes the prompt (overload.py); queued, it is scheduled again on the
-        # pods as they are once it has one
-        slot = await admission.pool(pool_of(decision.route)).acquire(priority)
-        if slot.waited:
-            decision = self.scheduler.schedule(tokens, keys, pods, time.monotonic(), self.threshold.threshold)
-            if pool_of(decision.route) != slot.role:
-                slot.release()
-                slot = admission.pool(pool_of(decision.route)).take()
-        slots = [slot]
+        # slots of the pools it runs on (overload.py); queued, it is scheduled again on the pods as they
+        # are once it has them
+        slots = await admission.admit(pools_of(decision.route), priority)
         try:
+            if any(slot.waited for slot in slots):
+                decision = self.scheduler.schedule(
+                    tokens, keys, pods, time.monotonic(), self.threshold.threshold
+                )
+                slots = admission.readmit(slots, pools_of(decision.route))
             await self._route(request, reply, endpoint, started, body, prompt, tokens, decision, slots)
         finally:
-            for held in slots:
-                held.release()
+            for slot in slots:
+                slot.release()
 
     async def _route(
         self,
@@ -133,8 +134,8 @@ class Orchestrator:
         decision: Decision[Pod],
         slots: list[Slot],
     ) -> None:
-        """Serve the request on the route decided; `slots`: the pool slots it holds (overload.py), to which
-        a disaggregated request adds a decode slot once its prefill leg is done."""
+        """Serve the request on the route decided; `slots`: the pool slots it holds (overload.py), of
+        which a disaggregated request gives back its prefill slot once its prefill leg is done."""
         raw = request.body
         route, reason = decision.route, decision.reason
         decode_pod, prefill_pod = decision.decode, decision.prefill
@@ -168,10 +169,9 @@ class Orchestrator:
                 )
             finally:
                 work.release()
-                if self.admission is not None and slots:
-                    # the prefill pool's slot is free again; the decode leg takes one of the decode pool's
-                    slots[0].release()
-                    slots.append(self.admission.pool("decode").take())
+                for slot in slots:  # the prefill pod is done with it: its slot is free again
+                    if slot.role == "prefill":
+                        slot.release()
             if handoff is None or handoff.payload is None:
                 route = Route.FALLBACK  # counted by reason where it failed
             else:

@@ -284,9 +284,9 @@ class RouterMetrics:
         )
         self.shed = Counter(
             f"{PREFIX}_shed_requests",
-            "Requests answered 429 because the pool that would compute their prompt (prefill: through the "
-            "prefill pool; decode: direct or Colocated) had no free slot and its queue in the router was "
-            "full, or they waited there too long, by that pool (role) and the request's priority",
+            "Requests answered 429 because a pool they would run on had no free slot and its queue in the "
+            "router was full, or they waited there too long, by that pool (role: decode, or prefill for a "
+            "request going through the prefill pool) and the request's priority",
             ["role", "priority"],
             registry=registry,
         )

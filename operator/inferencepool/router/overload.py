@@ -1,9 +1,11 @@
 """Overload shedding: a bounded queue per pool, and 429 instead of queueing without bound.
 
-A request takes a slot of the pool that computes its prompt: the prefill pool for a disaggregated or lent
-request (its prefill leg; a lent one for all of it), the decode pool for a direct or Colocated one. A
-disaggregated request's decode leg then takes a decode slot without waiting (its KV is already computed:
-holding it back would only hold the prefill pod's blocks longer). A slot is free while the router holds
+A request takes a slot of each pool it runs on: a direct or Colocated one of the decode pool, a lent one of
+the prefill pool, a disaggregated one of the decode pool (for all of it) and then of the prefill pool (for
+its prefill leg), the two within one wait: so a saturated prefill pool sheds what would go through it
+while direct requests still reach a decode pool with room, and a saturated decode pool holds back both
+(the decode slot first: a prefill slot is never held while waiting for a decode slot, and no prefill
+pod's KV waits for a decode pod to take it). A slot is free while the router holds
 fewer requests on the pool than its engines run without queueing. Each engine pod's capacity is learned
 off its /metrics (engine_load.py): the requests it ran at a scrape that found others waiting inside it
 (this router's share of them, by its own requests there against the engine's); raised by one at a scrape
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from inferencepool.router.pods import Pod, PodSet
@@ -134,8 +137,10 @@ class PoolQueue:
             return self.most_queued
         return min(self.most_queued, int(self.wait_seconds * slots / hold))
 
-    async def acquire(self, priority: int) -> Slot:
-        """A slot once the pool has one for this request; raise Shed when it will not."""
+    async def acquire(self, priority: int, wait_seconds: float | None = None) -> Slot:
+        """A slot once the pool has one for this request, within `wait_seconds` (the pool's wait unless
+        given); raise Shed when it will not."""
+        wait = self.wait_seconds if wait_seconds is None else max(0.0, wait_seconds)
         if not self._queue and self.has_room():
             self.held += 1
             return Slot(self, False)
@@ -151,13 +156,13 @@ class PoolQueue:
         waiter = _Waiter(priority, -next(self._arrivals), asyncio.get_running_loop().create_future())
         self._queue.append(waiter)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter.future), self.wait_seconds)
+            await asyncio.wait_for(asyncio.shield(waiter.future), wait)
         except TimeoutError:
             if self._granted(waiter):
                 return Slot(self, True)
             self._queue.remove(waiter)
             raise Shed(
-                f"the {self.role} pool had no free slot for {self.wait_seconds:g} s while it was queued",
+                f"the {self.role} pool had no free slot within {self.wait_seconds:g} s while it was queued",
                 priority,
                 self.role,
             ) from None
@@ -215,12 +220,36 @@ class Admission:
 
     def __init__(self, pods: PodSet, most_queued: int, wait_seconds: float) -> None:
         self.pods = pods
+        self.wait_seconds = wait_seconds
         self.capacity: dict[str, int] = {}
         self._probes: dict[str, _Probe] = {}
         self.pools = {role: PoolQueue(role, pods, self.capacity, most_queued, wait_seconds) for role in POOLS}
 
     def pool(self, role: EngineRole) -> PoolQueue:
         return self.pools[role]
+
+    async def admit(self, roles: Sequence[EngineRole], priority: int) -> list[Slot]:
+        """Slots of each pool of `roles`, taken in order within one wait in all; raise Shed (giving back
+        what was taken) when a pool refuses."""
+        slots: list[Slot] = []
+        deadline = time.monotonic() + self.wait_seconds
+        try:
+            for role in roles:
+                slots.append(await self.pools[role].acquire(priority, deadline - time.monotonic()))
+        except BaseException:
+            for slot in slots:
+                slot.release()
+            raise
+        return slots
+
+    def readmit(self, slots: list[Slot], roles: Sequence[EngineRole]) -> list[Slot]:
+        """The slots a request rescheduled after its wait needs: those it holds when its pools are the same,
+        else those of its new pools, taken without waiting (it waited its turn)."""
+        if [slot.role for slot in slots] == list(roles):
+            return slots
+        for slot in slots:
+            slot.release()
+        return [self.pools[role].take() for role in roles]
 
     def refresh(self) -> None:
         """Learn each pod's capacity off its scraped figures, then let in what now fits."""
