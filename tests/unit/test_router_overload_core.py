@@ -50,6 +50,20 @@ async def test_a_pool_learns_its_capacity_from_a_scrape_that_finds_its_engine_qu
     assert decode.held == 3 and decode.has_room()
 
 
+async def test_a_scrape_between_two_engine_steps_does_not_drop_the_capacity_until_the_queue_stays() -> None:
+    pods = pod_set()
+    admission = Admission(pods, 8, WAIT)
+    pod = pods.pods["decode-0"]
+    await saturate(admission, pod, running=8, waiting=2)
+    scraped(pod, running=1, waiting=7)  # finished requests out, the next ones not yet taken
+    admission.refresh()
+    assert admission.capacity["decode-0"] == 8
+    for _ in range(3):  # the engine keeps running five with others waiting (its KV is full): learned
+        scraped(pod, running=5, waiting=3)
+        admission.refresh()
+    assert admission.capacity["decode-0"] == 5
+
+
 async def test_another_routers_requests_leave_this_one_its_share() -> None:
     pods = pod_set()
     admission = Admission(pods, 8, WAIT)

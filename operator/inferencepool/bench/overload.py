@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -46,7 +47,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="requests sent this early are not counted: the first burst reaches the engines before the "
         "router has learned what they run, and waits there in both modes",
     )
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument(
+        "--max-tokens", type=int, default=32, help="mean answer length (each from half to 1.5 times it)"
+    )
     parser.add_argument("--queue-requests", type=int, default=64, help="most queued per pool (shed mode)")
     parser.add_argument(
         "--ttft-target-ms", type=int, default=800, help="the TTFT target (the router's queue waits half)"
@@ -82,12 +85,13 @@ async def _client(
     import aiohttp
 
     n = 0
+    lengths = random.Random(i)  # the same lengths in both modes
     while time.monotonic() < stop:
         n += 1
         body = {
             "model": MODEL,
             "prompt": f"client {i} request {n}",
-            "max_tokens": args.max_tokens,
+            "max_tokens": lengths.randint(args.max_tokens // 2, args.max_tokens * 3 // 2),
             "stream": True,
         }
         began = time.monotonic()

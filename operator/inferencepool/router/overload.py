@@ -7,8 +7,9 @@ while direct requests still reach a decode pool with room, and a saturated decod
 (the decode slot first: a prefill slot is never held while waiting for a decode slot, and no prefill
 pod's KV waits for a decode pod to take it). A slot is free while the router holds
 fewer requests on the pool than its engines run without queueing. Each engine pod's capacity is learned
-off its /metrics (engine_load.py): the requests it ran at a scrape that found others waiting inside it
-(this router's share of them, by its own requests there against the engine's); raised by one at a scrape
+off its /metrics (engine_load.py): the most requests it ran at the last few scrapes that found others
+waiting inside it (this router's share of them, by its own requests there against the engine's; the most,
+as a scrape may catch the engine between two steps with new requests not yet taken); raised by one at a scrape
 that finds it running all the router gave it with nothing waiting, after twice as many such scrapes each
 time a raise made it queue (the request that tried the raise waits inside the engine). Until every pod of
 a pool has queued once the pool has no bound: it takes requests unless a scrape found every pod of it
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -38,6 +40,7 @@ PRIORITY_HEADER = "x-inferencepool-priority"
 PRIORITIES = range(10)
 POOLS: tuple[EngineRole, ...] = ("prefill", "decode")
 _HOLD_WEIGHT = 0.1  # a finished hold's weight in the pool's mean hold time
+SEEN_SCRAPES = 4  # a pod's capacity is the most it ran at this many of the last scrapes that found a queue
 MAX_PROBE_SCRAPES = 64  # the longest a pod's capacity goes untried, in scrapes (32 s at 500 ms)
 
 
@@ -213,6 +216,8 @@ class _Probe:
     after: int = 1
     calm: int = 0
     raised: bool = False  # the last change was a raise, not yet confirmed or refuted by a scrape
+    # what the pod ran at the last scrapes that found requests waiting in it
+    seen: deque[int] = field(default_factory=lambda: deque(maxlen=SEEN_SCRAPES))
 
 
 class Admission:
@@ -261,9 +266,12 @@ class Admission:
             probe = self._probes.setdefault(name, _Probe())
             queued = pod.engine_running + pod.engine_waiting
             if pod.engine_waiting > 0:
-                # this router's share of what the engine runs (other replicas send it requests too)
+                # this router's share of what the engine runs (other replicas send it requests too), the
+                # most of the last few such scrapes: one may catch the engine between a step that finished
+                # requests and the one that takes the next
                 share = min(1.0, pod.outstanding / queued)
-                learned = max(1, round(pod.engine_running * share))
+                probe.seen.append(max(1, round(pod.engine_running * share)))
+                learned = max(probe.seen)
                 if probe.raised and learned < capacity[name]:
                     probe.after = min(probe.after * 2, MAX_PROBE_SCRAPES)  # the probe queued: wait longer
                 capacity[name], probe.raised, probe.calm = learned, False, 0
