@@ -142,6 +142,8 @@ async def test_a_saturated_prefill_pool_sheds_what_goes_through_it_while_direct_
             url = router.url
             assert await metric_sum(url, "inferencepool_router_shed_requests", role="prefill") == 1
             assert await metric_sum(url, "inferencepool_router_shed_requests", role="decode") == 0
+            assert await metric_sum(url, "inferencepool_router_queued_requests", role="prefill") == 1
+            assert await metric_sum(url, "inferencepool_router_pool_slots", role="prefill") == 1
             for task in (*load, queued):
                 task.cancel()
             for task in (*load, queued):

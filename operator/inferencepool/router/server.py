@@ -72,6 +72,7 @@ class Router:
                     self.counter.chars_per_token if isinstance(self.counter, EstimateCounter) else 0.0
                 ),
                 kv_push_notifications=self._notification_counts,
+                overload=self._overload_figures,
             )
         )
         self.adaptive = AdaptiveThreshold(config, self.metrics)
@@ -166,6 +167,12 @@ class Router:
     def kv_push_port(self) -> int | None:
         """The bound port of LMCache PD's notification socket (None in NIXL mode)."""
         return self._notifications.port if self._notifications is not None else None
+
+    def _overload_figures(self) -> dict[str, tuple[int, int | None]]:
+        admission = self.admission
+        if admission is None:
+            return {}
+        return {role: (queue.queued, queue.slots()) for role, queue in admission.pools.items()}
 
     def _notification_counts(self) -> dict[str, int]:
         if self._notifications is None:
