@@ -64,6 +64,18 @@ async def test_a_scrape_between_two_engine_steps_does_not_drop_the_capacity_unti
     assert admission.capacity["decode-0"] == 5
 
 
+async def test_a_new_pod_counts_as_the_mean_of_those_whose_capacity_is_known() -> None:
+    pods = pod_set(decode=2)
+    admission = Admission(pods, 8, WAIT)
+    await saturate(admission, pods.pods["decode-0"], running=6, waiting=1)
+    await saturate(admission, pods.pods["decode-1"], running=4, waiting=1)
+    decode = admission.pool("decode")
+    assert decode.slots() == 10
+    known = [PodSpec(pod.name, pod.url, pod.role) for pod in pods.pods.values()]
+    pods.apply([*known, PodSpec("decode-2", "http://127.0.0.1:9102", "decode")])  # a scale-up
+    assert decode.slots() == 15
+
+
 async def test_another_routers_requests_leave_this_one_its_share() -> None:
     pods = pod_set()
     admission = Admission(pods, 8, WAIT)

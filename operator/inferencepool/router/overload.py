@@ -2,17 +2,19 @@
 
 A request takes a slot of each pool it runs on: a direct or Colocated one of the decode pool, a lent one of
 the prefill pool, a disaggregated one of the decode pool (for all of it) and then of the prefill pool (for
-its prefill leg), the two within one wait: so a saturated prefill pool sheds what would go through it
-while direct requests still reach a decode pool with room, and a saturated decode pool holds back both
-(the decode slot first: a prefill slot is never held while waiting for a decode slot, and no prefill
-pod's KV waits for a decode pod to take it). A slot is free while the router holds
-fewer requests on the pool than its engines run without queueing. Each engine pod's capacity is learned
-off its /metrics (engine_load.py): the most requests it ran at the last few scrapes that found others
-waiting inside it (this router's share of them, by its own requests there against the engine's; the most,
-as a scrape may catch the engine between two steps with new requests not yet taken); raised by one at a scrape
-that finds it running all the router gave it with nothing waiting, after twice as many such scrapes each
-time a raise made it queue (the request that tried the raise waits inside the engine). Until every pod of
-a pool has queued once the pool has no bound: it takes requests unless a scrape found every pod of it
+its prefill leg), the two within one wait. So a saturated prefill pool sheds what would go through it while
+direct requests still reach a decode pool with room, and a saturated decode pool holds back both (the
+decode slot first: a prefill slot is never held while waiting for a decode slot, and no prefill pod's KV
+waits for a decode pod to take it).
+
+A slot is free while the router holds fewer requests on the pool than its engines run without queueing.
+Each engine pod's capacity is learned off its /metrics (engine_load.py): the most requests it ran at the
+last few scrapes that found others waiting inside it (this router's share of them, by its own requests
+there against the engine's; the most, as one scrape may catch the engine between two steps, new requests
+not yet taken); raised by one at a scrape that finds it running all the router gave it with nothing
+waiting, after twice as many such scrapes each time a raise made it queue (the request that tried the
+raise waits inside the engine). A pod that has not queued yet (a new one) counts as the mean of those that
+have; until one has, the pool has no bound and takes requests unless a scrape found every pod of it
 queueing. So admitted requests do not wait inside the engines, where every request is equal and the wait
 is unbounded; they wait here, highest priority first (`X-Inferencepool-Priority`, 0-9, default 0).
 
@@ -115,18 +117,20 @@ class PoolQueue:
         return len(self._queue)
 
     def slots(self) -> int | None:
-        """Requests the pool's engines run without queueing (None: a pod that never queued, no bound)."""
-        total = 0
-        live = False
+        """Requests the pool's engines run without queueing (None: no pod of it has queued yet, no bound); a
+        pod that has not queued yet (a new one) counts as the mean of those that have."""
+        known: list[int] = []
+        unknown = 0
         for pod in self.pods.by_role(self.role):
-            if not serving(pod):
-                continue
-            live = True
-            learned = self.capacity.get(pod.name)
-            if learned is None:
-                return None
-            total += learned
-        return total if live else None
+            if serving(pod):
+                learned = self.capacity.get(pod.name)
+                if learned is None:
+                    unknown += 1
+                else:
+                    known.append(learned)
+        if not known:
+            return None
+        return sum(known) + round(unknown * sum(known) / len(known))
 
     def has_room(self) -> bool:
         slots = self.slots()
@@ -163,7 +167,8 @@ class PoolQueue:
         except TimeoutError:
             if self._granted(waiter):
                 return Slot(self, True)
-            self._queue.remove(waiter)
+            if waiter in self._queue:  # (not when a higher priority took its place in the same turn)
+                self._queue.remove(waiter)
             raise Shed(
                 f"the {self.role} pool had no free slot within {self.wait_seconds:g} s while it was queued",
                 priority,
@@ -277,8 +282,8 @@ class Admission:
                 capacity[name], probe.raised, probe.calm = learned, False, 0
             elif name in capacity and pod.outstanding >= capacity[name]:
                 # it runs all this router gave it with nothing waiting: one more, once it has for a while
-                if probe.raised:
-                    probe.after = 1
+                if probe.raised:  # the raise held: the next may come soon
+                    probe.after, probe.raised = 1, False
                 probe.calm += 1
                 if probe.calm >= probe.after:
                     capacity[name] += 1
