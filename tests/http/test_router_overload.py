@@ -62,8 +62,8 @@ async def test_a_full_pool_sheds_with_429_lowest_priority_first_and_admits_once_
             engineMetricsIntervalMilliseconds=100,
             overload={
                 "enabled": True,
-                "queueRequests": 1,
-                "queueMilliseconds": 60_000,
+                "maxQueuedRequests": 1,
+                "maxQueueMilliseconds": 60_000,
                 "retryAfterSeconds": 3,
             },
         )
@@ -119,7 +119,7 @@ async def test_a_saturated_prefill_pool_sheds_what_goes_through_it_while_direct_
             engineMetricsIntervalMilliseconds=100,
             # a target no queue misses: the scheduler never moves a long prompt off the prefill pool
             adaptiveThreshold={"ttftTargetMilliseconds": 600_000},
-            overload={"enabled": True, "queueRequests": 1, "queueMilliseconds": 60_000},
+            overload={"enabled": True, "maxQueuedRequests": 1, "maxQueueMilliseconds": 60_000},
         )
         async with running_router(config) as router, aiohttp.ClientSession() as http:
             admission = router.router.admission

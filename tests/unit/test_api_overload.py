@@ -38,7 +38,7 @@ def document(**overload: Any) -> dict[str, Any]:
         ("retryAfterSeconds", 0, "less than the minimum of 1"),
         ("retryAfterSeconds", 7200, "greater than the maximum of 3600"),
         ("enabled", "yes", "is not of type 'boolean'"),
-        ("queueRequests", 8, "Additional properties"),  # the router's own name is not the API's
+        ("maxQueuedRequest", 8, "Additional properties"),  # misspelt
     ],
 )
 def test_bad_overload_values_are_refused_naming_the_field(field: str, value: Any, complaint: str) -> None:
@@ -78,7 +78,7 @@ def test_overload_is_off_by_default_and_waits_half_the_ttft_target() -> None:
 def test_the_spec_reaches_the_router_config_and_rolls_the_router() -> None:
     overload = {"enabled": True, "maxQueuedRequests": 16, "maxQueueMilliseconds": 300, "retryAfterSeconds": 2}
     config = router_config(load_pool("llama-3.1-8b.yaml", router__overload=overload), REF)
-    assert config.overload.enabled and config.overload.queue_requests == 16
+    assert config.overload.enabled and config.overload.max_queued_requests == 16
     assert config.overload.retry_after_seconds == 2 and config.overload_wait_seconds() == 0.3
 
     def checksum(**changes: Any) -> str:

@@ -7,10 +7,10 @@ own process, policy Colocated). `--load` times that many clients send streamed r
 next request, as OpenAI's clients do.
 
 Two modes in the same run: `queue` (overload off: every request waits inside the engines, the baseline)
-and `shed` (overload on: a queue per pool in the router, at most `--queue-requests`, waits of at most half
-the TTFT target `--ttft-target-ms`). Per mode: requests answered, the share answered 429, the time to first
-event of the admitted ones (p50, p90) and the share of them within the target; the shed mode's TTFT as a
-ratio of the baseline's.
+and `shed` (overload on: a queue per pool in the router, at most `--max-queued-requests`, waits of at most
+half the TTFT target `--ttft-target-ms`). Per mode: requests answered, the share answered 429, the time to
+first event of the admitted ones (p50, p90) and the share of them within the target; the shed mode's TTFT
+as a ratio of the baseline's.
 """
 
 from __future__ import annotations
@@ -50,7 +50,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-tokens", type=int, default=32, help="mean answer length (each from half to 1.5 times it)"
     )
-    parser.add_argument("--queue-requests", type=int, default=64, help="most queued per pool (shed mode)")
+    parser.add_argument(
+        "--max-queued-requests", type=int, default=64, help="most queued per pool (shed mode)"
+    )
     parser.add_argument(
         "--ttft-target-ms", type=int, default=800, help="the TTFT target (the router's queue waits half)"
     )
@@ -138,7 +140,7 @@ async def one_run(args: argparse.Namespace, mode: str, http: Any) -> Result:
             "servedModelName": MODEL,
             "policy": "Colocated",
             "adaptiveThreshold": {"ttftTargetMilliseconds": args.ttft_target_ms},
-            "overload": {"enabled": mode == "shed", "queueRequests": args.queue_requests},
+            "overload": {"enabled": mode == "shed", "maxQueuedRequests": args.max_queued_requests},
         }
         env = {**os.environ, "INFERENCEPOOL_ROUTER_CONFIG": json.dumps(config)}
         process, router = await _start(

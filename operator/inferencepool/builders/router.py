@@ -73,8 +73,8 @@ def router_config(pool: InferencePool, ref: PoolRef) -> RouterConfig:
     shedding = router.overload
     overload = OverloadConfig(
         enabled=shedding.enabled,
-        queue_requests=shedding.max_queued_requests,
-        queue_milliseconds=shedding.max_queue_milliseconds,  # unset: half the TTFT target, in the router
+        max_queued_requests=shedding.max_queued_requests,
+        max_queue_milliseconds=shedding.max_queue_milliseconds,  # unset: half the TTFT target, in the router
         retry_after_seconds=shedding.retry_after_seconds,
     )
     return RouterConfig(

@@ -193,17 +193,17 @@ class OverloadConfig(_Model):
     """A bounded queue per pool and 429 past it (router/overload.py)."""
 
     enabled: bool = False
-    queue_requests: Annotated[
+    max_queued_requests: Annotated[
         int,
         Field(
             ge=0,
             le=MAX_QUEUED_REQUESTS,
             description="the most requests each pool's queue holds (prefill, decode); the bound in force is "
-            "what the pool lets in within queueMilliseconds, by its slots and the time each is held, when "
+            "what the pool lets in within maxQueueMilliseconds, by its slots and the time each is held, when "
             "lower; more are answered 429",
         ),
     ] = DEFAULT_QUEUED_REQUESTS
-    queue_milliseconds: Annotated[
+    max_queue_milliseconds: Annotated[
         int | None,
         Field(
             ge=1,
@@ -315,7 +315,7 @@ class RouterConfig(_Model):
 
     def overload_wait_seconds(self) -> float:
         """How long a request may wait in its pool's queue (overload.py) before it is answered 429."""
-        explicit = self.overload.queue_milliseconds
+        explicit = self.overload.max_queue_milliseconds
         if explicit is not None:
             return explicit / 1000
         return self.adaptive_threshold.ttft_target_milliseconds / 2000

@@ -79,7 +79,7 @@ class Orchestrator:
         self._stream_headers = config.stream_headers_seconds()
         self._releases: set[asyncio.Task[None]] = set()  # decode legs sent for clients that went away
         self.admission = (
-            Admission(legs.pods, config.overload.queue_requests, config.overload_wait_seconds())
+            Admission(legs.pods, config.overload.max_queued_requests, config.overload_wait_seconds())
             if config.overload.enabled and config.engine_metrics_interval_milliseconds
             else None
         )

@@ -19,9 +19,9 @@ queueing. So admitted requests do not wait inside the engines, where every reque
 is unbounded; they wait here, highest priority first (`X-Inferencepool-Priority`, 0-9, default 0).
 
 Each pool's queue is bounded by what it drains within the wait a request may spend in the router
-(`overload.queueMilliseconds`, half the TTFT target unless set, so that the admitted request's TTFT, the
+(`overload.maxQueueMilliseconds`, half the TTFT target unless set, so that the admitted request's TTFT, the
 wait plus its prefill, stays within the target): the pool's slots over the mean time a request holds one,
-times that wait, at most `overload.queueRequests`. A request that finds its pool's queue full is shed (429
+times that wait, at most `overload.maxQueuedRequests`. A request that finds its pool's queue full is shed (429
 with Retry-After, OpenAI's rate-limit error) or, when it has a higher priority than the lowest queued,
 that one is shed in its place (the newest of equals); one that waits past the wait is shed too.
 """
