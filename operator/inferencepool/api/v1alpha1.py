@@ -42,6 +42,12 @@ DEFAULT_ADAPTIVE_MAX_TOKENS: Final = 16384
 DEFAULT_MIN_REPLICAS: Final = 1
 DEFAULT_TENSOR_PARALLEL_SIZE: Final = 1
 DEFAULT_CPU_OFFLOAD_GIB: Final = 5
+# Overload shedding (spec.router.overload): each pool's queue in the router, and the Retry-After of a 429.
+DEFAULT_QUEUED_REQUESTS: Final = 64
+MAX_QUEUED_REQUESTS: Final = 4096
+MAX_QUEUE_MILLISECONDS: Final = 600_000
+DEFAULT_RETRY_AFTER_SECONDS: Final = 1
+MAX_RETRY_AFTER_SECONDS: Final = 3600
 # The decode pool's prefill chunk (vLLM --max-num-batched-tokens; decode pods also prefill the prompts routed
 # to them directly): the largest chunk whose prefill step fits the ITL target, measured in the simulator for
 # Llama-3.1-8B on H100 (512 at 25 ms, 1024 at 40 ms; `inferencepool sim` chunk_for_itl). vLLM's own default
@@ -676,6 +682,50 @@ class AdaptiveThreshold(SpecModel):
     )
 
 
+class Overload(SpecModel):
+    """Shed load past what the pools serve within the TTFT target: a bounded queue per pool in the router,
+    and an OpenAI-style 429 with Retry-After past it."""
+
+    enabled: bool = Field(
+        default=False,
+        description=(
+            "Hold each pool to the requests its engines run without queueing (learned from their metrics) "
+            "and queue the rest in the router, a queue per pool (decode for every request, prefill too for "
+            "those that go through it), highest X-Inferencepool-Priority header (0-9) first; answer 429 with "
+            "Retry-After when a pool's queue is full, shedding the lowest priority first. "
+            "Defaults to false: every request waits inside the engines however long."
+        ),
+    )
+    max_queued_requests: int = Field(
+        default=DEFAULT_QUEUED_REQUESTS,
+        ge=0,
+        le=MAX_QUEUED_REQUESTS,
+        description=(
+            "The most requests each pool's queue holds. The router holds fewer while the pool's measured "
+            "speed says fewer would get a slot within maxQueueMilliseconds. "
+            f"Defaults to {DEFAULT_QUEUED_REQUESTS}."
+        ),
+    )
+    max_queue_milliseconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_QUEUE_MILLISECONDS,
+        description=(
+            "The longest a request waits in the router for a slot; then it is answered 429. Must be less "
+            "than prefill.autoscaling.target.ttftMilliseconds. Defaults to half the TTFT target (800 ms "
+            "when the prefill pool has none), so that the wait and the prefill fit within it."
+        ),
+    )
+    retry_after_seconds: int = Field(
+        default=DEFAULT_RETRY_AFTER_SECONDS,
+        ge=1,
+        le=MAX_RETRY_AFTER_SECONDS,
+        description=(
+            f"The Retry-After header of a 429, in seconds. Defaults to {DEFAULT_RETRY_AFTER_SECONDS}."
+        ),
+    )
+
+
 class RouterSpec(SpecModel):
     """The pool's OpenAI-compatible entry point, which decides per request whether to use the prefill pool."""
 
@@ -721,6 +771,10 @@ class RouterSpec(SpecModel):
             "prefill.maxNumBatchedTokens is set), so the decodes they take keep the ITL target. "
             "Defaults to false."
         ),
+    )
+    overload: Overload = Field(
+        default_factory=Overload,
+        description="Shed load (429) past what the pools serve within the TTFT target. Off by default.",
     )
     resources: dict[str, Any] = Field(
         default_factory=dict, description="Router container resources (Kubernetes ResourceRequirements)."
@@ -1117,7 +1171,31 @@ def _router_rules() -> list[SpecRule]:
         threshold_tokens = spec.router.prefill_threshold_tokens
         return not bounds.enabled or bounds.min_tokens <= threshold_tokens <= bounds.max_tokens
 
+    overload_wait = "self.router.overload.maxQueueMilliseconds"
+    ttft = "self.prefill.autoscaling.target.ttftMilliseconds"
+    has_wait = f"has(self.router) && has(self.router.overload) && has({overload_wait})"
+    has_ttft = (
+        "has(self.prefill) && has(self.prefill.autoscaling) && has(self.prefill.autoscaling.target) "
+        f"&& has({ttft})"
+    )
+
+    def wait_within_ttft(spec: InferencePoolSpec) -> bool:
+        wait = spec.router.overload.max_queue_milliseconds
+        scaling = spec.prefill.autoscaling
+        target = scaling.target.ttft_milliseconds if scaling is not None else None
+        return wait is None or target is None or wait < target
+
     return [
+        SpecRule(
+            field="router.overload.maxQueueMilliseconds",
+            cel=f"!({has_wait} && {has_ttft}) || {overload_wait} < {ttft}",
+            message=(
+                "spec.router.overload.maxQueueMilliseconds must be less than "
+                "spec.prefill.autoscaling.target.ttftMilliseconds: a request held that long in the router "
+                "misses its TTFT target before its prefill starts"
+            ),
+            holds=wait_within_ttft,
+        ),
         SpecRule(
             field="router.adaptiveThreshold.minTokens",
             cel=f"!({has_adaptive}) || {min_tokens} <= {max_tokens}",

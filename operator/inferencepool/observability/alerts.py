@@ -168,8 +168,9 @@ ALERTS: Final = (
         "warning",
         "{{ $labels.namespace }}/{{ $labels.pool }}: {{ $value | humanize }}% of requests shed (429)",
         "The router answered more than ${shed_percent}% of requests with 429 for ${shed_minutes} minutes: "
-        "both pools are past their latency targets and its queues are full. Raise maxReplicas or the GPU "
-        "budget (InferencePoolScalingLimited says which), or send less load. " + RUNBOOK_HINT,
+        "a pool runs all its engines take without queueing and its queue in the router is full "
+        "(inferencepool_router_shed_requests_total by role says which pool). Raise its maxReplicas or the "
+        "GPU budget (InferencePoolScalingLimited says which), or send less load. " + RUNBOOK_HINT,
     ),
     Alert(
         "InferencePoolRolloutStalled",

@@ -241,11 +241,17 @@ ROWS: Final = (
             ),
             Panel(
                 "Requests shed (429)",
-                "Requests per second the router answered 429 with Retry-After, by priority "
-                "(X-Inferencepool-Priority): every pool they could use was saturated (its engines queueing) "
-                "and the router's bounded queue was full, or they waited there too long. Lowest priorities "
-                "go first.",
-                (Query(rate(f"{ROUTER}_shed_requests", by="priority"), "priority {{priority}}"),),
+                "Requests per second the router answered 429 with Retry-After (router.overload), by the "
+                "pool whose queue refused them (decode, or prefill for requests going through the prefill "
+                "pool) and priority (X-Inferencepool-Priority): the pool ran all its engines run without "
+                "queueing and its bounded queue in the router was full, or they waited there past "
+                "maxQueueMilliseconds. Lowest priorities go first.",
+                (
+                    Query(
+                        rate(f"{ROUTER}_shed_requests", by="role, priority"),
+                        "{{role}} priority {{priority}}",
+                    ),
+                ),
                 unit="reqps",
                 stacked=True,
             ),

@@ -74,6 +74,9 @@ class LiveState:
     chars_per_token: Callable[[], float]
     # LMCache PD mode: ProxyNotif messages by outcome (received, malformed, unclaimed); empty otherwise.
     kv_push_notifications: Callable[[], dict[str, int]]
+    # router.overload: per pool, (requests queued in the router, slots its engines run: None while unknown);
+    # empty when shedding is off
+    overload: Callable[[], dict[str, tuple[int, int | None]]] = dict
 
 
 def arrival_pool(route: Route, reason: RouteReason) -> str:
@@ -184,6 +187,25 @@ class _LiveCollector(Collector):
         )
         ratio.add_metric([], self._state.chars_per_token())
         yield ratio
+        pools = self._state.overload()
+        if pools:
+            queued = GaugeMetricFamily(
+                f"{PREFIX}_queued_requests",
+                "router.overload: requests waiting in the router for a slot of the pool (role)",
+                labels=["role"],
+            )
+            slots = GaugeMetricFamily(
+                f"{PREFIX}_pool_slots",
+                "router.overload: requests the pool's engines run without queueing, as the router learned "
+                "them from their metrics (absent until every pod of the pool has queued once)",
+                labels=["role"],
+            )
+            for role, (waiting, known) in pools.items():
+                queued.add_metric([role], waiting)
+                if known is not None:
+                    slots.add_metric([role], known)
+            yield queued
+            yield slots
         notifications = self._state.kv_push_notifications()
         if notifications:
             family = CounterMetricFamily(
@@ -285,9 +307,9 @@ class RouterMetrics:
         )
         self.shed = Counter(
             f"{PREFIX}_shed_requests",
-            "Requests answered 429 because every pool they could use was saturated (its engines queueing) "
-            "and the router's queue was full, by the pools saturated (decode: Colocated; both) and the "
-            "request's priority",
+            "Requests answered 429 because a pool they would run on had no free slot and its queue in the "
+            "router was full, or they waited there too long, by that pool (role: decode, or prefill for a "
+            "request going through the prefill pool) and the request's priority",
             ["role", "priority"],
             registry=registry,
         )
