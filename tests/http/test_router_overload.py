@@ -144,6 +144,12 @@ async def test_a_saturated_prefill_pool_sheds_what_goes_through_it_while_direct_
             assert await metric_sum(url, "inferencepool_router_shed_requests", role="decode") == 0
             assert await metric_sum(url, "inferencepool_router_queued_requests", role="prefill") == 1
             assert await metric_sum(url, "inferencepool_router_pool_slots", role="prefill") == 1
+            # the shed prompt is still demand of the route it would have taken, for the autoscaler's feed
+            shed = "inferencepool_router_shed_demand_requests"
+            assert await metric_sum(url, shed, route="disaggregated") == 1
+            assert await metric_sum(url, shed, route="direct") == 0
+            shed_tokens = "inferencepool_router_shed_demand_prompt_tokens"
+            assert await metric_sum(url, shed_tokens, route="disaggregated") > 64
             for task in (*load, queued):
                 task.cancel()
             for task in (*load, queued):

@@ -237,6 +237,18 @@ TTFT = Histogram((0.5, 1.0, 2.0, math.inf), (50, 90, 100, 100), 60.0)
             },
         ),
         (
+            "requests shed by overload are demand of the route they would have taken, which no engine saw",
+            # 2 disaggregated prompts of 8000 tokens and 5 direct of 100 answered 429
+            RouterSample(
+                Counts((10, 3, 1, 0)),
+                Counts((2000, 30000, 9000, 0)),
+                shed=Counts((5, 2, 0, 0, 500, 16000, 0, 0)),
+            ),
+            EngineSample(24000, 3, TTFT),
+            EngineSample(35000, 900, ITL),
+            {"to_prefill": RouteLoad(6, 49000), "direct": RouteLoad(15, 2500), "generated": 900},
+        ),
+        (
             "an older router: tokens from the engines, fallback at the disaggregated mean",
             RouterSample(Counts((10, 3, 1, 0)), None),
             EngineSample(24000, 3, TTFT),

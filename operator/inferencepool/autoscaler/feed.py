@@ -67,6 +67,8 @@ ROUTER_TTFT = "inferencepool_router_time_to_first_token_seconds"
 ROUTER_DECISIONS = "inferencepool_router_disaggregation_decisions"
 ROUTER_DECISION_TOKENS = "inferencepool_router_disaggregation_decision_prompt_tokens"
 ROUTER_WINDOW_TOKENS = "inferencepool_router_window_prompt_tokens"
+ROUTER_SHED_REQUESTS = "inferencepool_router_shed_demand_requests"
+ROUTER_SHED_TOKENS = "inferencepool_router_shed_demand_prompt_tokens"
 WINDOW_POOLS = ("prefill", "direct")  # the pool label, in RouteLoad order: (to the prefill pool, direct)
 BYPASS_REASON = "prefill_busy"  # long prompts sent direct because the prefill pool's queue was too long
 PEER_REASON = "prefill_saturated"  # long prompts prefilled on a peer decode pod (role lending)
@@ -179,6 +181,8 @@ class RouterSample:
     # requests by BYPASS_REASONS, then their prompt tokens: sent direct because the prefill pool was busy, and
     # prefilled on a peer decode pod because it queued (role lending); a detail of `requests`
     bypassed: Counts | None = field(default=None, compare=False)
+    # requests shed (429) by the route they would have taken, then their prompt tokens: demand no engine saw
+    shed: Counts | None = field(default=None, compare=False)
     # the arrival windows' totals by pool (prefill, direct), cumulative as read
     windows: tuple[Histogram, Histogram] | None = field(default=None, compare=False)
     # after `minus`: the largest window of the interval by pool; summed over routers (each saw a share of
@@ -192,11 +196,14 @@ class RouterSample:
         bypassed = self.bypassed
         if bypassed is not None and earlier.bypassed is not None:
             bypassed = bypassed.minus(earlier.bypassed)
+        shed = self.shed
+        if shed is not None and earlier.shed is not None:
+            shed = shed.minus(earlier.shed)
         windows, burst = self.windows, None
         if windows is not None and earlier.windows is not None:
             prefill, direct = (now.minus(then) for now, then in zip(windows, earlier.windows, strict=True))
             windows, burst = (prefill, direct), (largest_window(prefill), largest_window(direct))
-        return RouterSample(self.requests.minus(earlier.requests), tokens, bypassed, windows, burst)
+        return RouterSample(self.requests.minus(earlier.requests), tokens, bypassed, shed, windows, burst)
 
     def plus(self, other: RouterSample) -> RouterSample:
         tokens = (
@@ -207,6 +214,7 @@ class RouterSample:
         bypassed = (
             None if self.bypassed is None or other.bypassed is None else self.bypassed.plus(other.bypassed)
         )
+        shed = None if self.shed is None or other.shed is None else self.shed.plus(other.shed)
         burst = None
         if self.burst_tokens is not None and other.burst_tokens is not None:
             prefill, direct = (
@@ -214,7 +222,7 @@ class RouterSample:
                 for a, b in zip(self.burst_tokens, other.burst_tokens, strict=True)
             )
             burst = (prefill, direct)
-        return RouterSample(self.requests.plus(other.requests), tokens, bypassed, None, burst)
+        return RouterSample(self.requests.plus(other.requests), tokens, bypassed, shed, None, burst)
 
 
 def read_router(page: Page) -> tuple[RouterSample | None, Histogram | None]:
@@ -228,6 +236,13 @@ def read_router(page: Page) -> tuple[RouterSample | None, Histogram | None]:
         None
         if decisions is None or decision_tokens is None
         else Counts((*decisions.values, *decision_tokens.values))
+    )
+    shed_requests = read_counts(page, ROUTER_SHED_REQUESTS, "route", ROUTES)
+    shed_tokens = read_counts(page, ROUTER_SHED_TOKENS, "route", ROUTES)
+    shed = (
+        None
+        if shed_requests is None or shed_tokens is None
+        else Counts((*shed_requests.values, *shed_tokens.values))
     )
     windows = page.get(ROUTER_WINDOW_TOKENS)
     prefill_windows, direct_windows = (
@@ -251,7 +266,7 @@ def read_router(page: Page) -> tuple[RouterSample | None, Histogram | None]:
         both = (
             None if prefill_windows is None or direct_windows is None else (prefill_windows, direct_windows)
         )
-        sample = RouterSample(requests, tokens, bypassed, both)
+        sample = RouterSample(requests, tokens, bypassed, shed, both)
     return sample, direct
 
 
@@ -474,6 +489,18 @@ def _routes(
             bypassed = RouteLoad(n_bypassed + n_peer, t_bypassed + t_peer)
             n_direct, t_direct = n_direct - n_bypassed, t_direct - t_bypassed
             n_fallback, t_fallback = n_fallback + n_bypassed, t_fallback + t_bypassed
+        if router.shed is not None:
+            # shed before any engine saw them: demand of the pool each would have run on
+            s_direct, s_disaggregated, s_fallback, s_lent, u_direct, u_disaggregated, u_fallback, u_lent = (
+                round(v) for v in router.shed.values
+            )
+            n_disaggregated, t_disaggregated = (
+                n_disaggregated + s_disaggregated,
+                t_disaggregated + u_disaggregated,
+            )
+            n_fallback, t_fallback = n_fallback + s_fallback, t_fallback + u_fallback
+            n_direct, t_direct = n_direct + s_direct, t_direct + u_direct
+            n_lent, t_lent = n_lent + s_lent, t_lent + u_lent
         b_prefill, b_direct = router.burst_tokens or (None, None)
         return (
             RouteLoad(

@@ -21,7 +21,7 @@ from inferencepool.router.errors import UpstreamError
 from inferencepool.router.http1 import Reply, Request, UpstreamFailure
 from inferencepool.router.legs import Legs
 from inferencepool.router.metrics import RouterMetrics
-from inferencepool.router.overload import PRIORITIES, PRIORITY_HEADER, Admission, Slot
+from inferencepool.router.overload import PRIORITIES, PRIORITY_HEADER, Admission, Shed, Slot
 from inferencepool.router.pods import Pod, Queued
 from inferencepool.router.prompt import BadRequest, Endpoint, Prompt, read_prompt
 from inferencepool.router.relay import NothingSent, Relay, Resumable
@@ -110,7 +110,11 @@ class Orchestrator:
             return
         # slots of the pools it runs on (overload.py); queued, it is scheduled again on the pods as they
         # are once it has them
-        slots = await admission.admit(pools_of(decision.route), priority)
+        try:
+            slots = await admission.admit(pools_of(decision.route), priority)
+        except Shed:
+            self.metrics.shed_demand(decision.route, decision.reason, tokens)
+            raise
         try:
             if any(slot.waited for slot in slots):
                 decision = self.scheduler.schedule(

@@ -238,6 +238,20 @@ class RouterMetrics:
             ["route"],
             registry=registry,
         )
+        self.shed_demand_requests = Counter(
+            f"{PREFIX}_shed_demand_requests",
+            "Requests answered 429 by router.overload, by the route they would have taken: demand the "
+            "engines never saw, which the autoscaler adds to that route's load (a client that retries counts "
+            "again)",
+            ["route"],
+            registry=registry,
+        )
+        self.shed_demand_prompt_tokens = Counter(
+            f"{PREFIX}_shed_demand_prompt_tokens",
+            "Prompt tokens of the requests in inferencepool_router_shed_demand_requests, by the same route",
+            ["route"],
+            registry=registry,
+        )
         self.ttft = Histogram(
             f"{PREFIX}_time_to_first_token_seconds",
             "Router-observed time to first streamed token, by route",
@@ -342,6 +356,13 @@ class RouterMetrics:
         self.prompt_tokens_by_route = {
             route: self.routed_prompt_tokens.labels(route.value) for route in Route
         }
+        self.shed_demand_by_route = {
+            route: (
+                self.shed_demand_requests.labels(route.value),
+                self.shed_demand_prompt_tokens.labels(route.value),
+            )
+            for route in Route
+        }
         self.decisions_by_reason = {reason: self.decisions.labels(reason.value) for reason in RouteReason}
         self.decision_tokens_by_reason = {
             reason: self.decision_prompt_tokens.labels(reason.value) for reason in RouteReason
@@ -362,6 +383,13 @@ class RouterMetrics:
             self.fallbacks.labels(reason)
         for outcome in ("resumed", "broken"):
             self.streams_resumed.labels(outcome)
+
+    def shed_demand(self, route: Route, reason: RouteReason, prompt_tokens: float) -> None:
+        """A prompt shed (429) before it reached an engine: demand for its route's pool, and an arrival."""
+        requests, tokens = self.shed_demand_by_route[route]
+        requests.inc()
+        tokens.inc(prompt_tokens)
+        self.arrived(route, reason, prompt_tokens)
 
     def arrived(self, route: Route, reason: RouteReason, prompt_tokens: float) -> None:
         """A prompt routed now: its tokens join its pool's arrival window."""
