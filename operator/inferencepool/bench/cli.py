@@ -21,6 +21,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "inferencepool.bench.hung",
         "streams' first events and the endpoint table while a decode engine is frozen (SIGSTOP)",
     ),
+    "aborts": (
+        "inferencepool.bench.aborts",
+        "long P/D requests aborted by their clients at random points: every pod's KV back to idle, how soon",
+    ),
     "overload": (
         "inferencepool.bench.overload",
         "twice the load a pool holds: the share answered 429 and the admitted requests' TTFT",
