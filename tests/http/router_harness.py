@@ -130,6 +130,37 @@ async def front(
         yield url
 
 
+@contextlib.asynccontextmanager
+async def unanswering_first(target: str, received: asyncio.Event) -> AsyncIterator[str]:
+    """A pod address in front of an engine at `target` whose first request is accepted but never handed to
+    the engine (an API server that had not submitted it when the client went away: `received` is set then);
+    later requests go to the engine, whole (not streamed)."""
+    first = True
+    done = asyncio.Event()
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        nonlocal first
+        payload = await request.read()
+        if first:
+            first = False
+            received.set()
+            await done.wait()  # never answered (aiohttp does not cancel a handler whose client left)
+            return web.Response(status=503)
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http,
+            http.post(target + request.path, data=payload, headers={"Content-Type": "application/json"}) as r,
+        ):
+            return web.Response(status=r.status, body=await r.read(), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/{path:.*}", forward)
+    async with serving(app) as url:
+        try:
+            yield url
+        finally:
+            done.set()  # before the server's cleanup, which waits for its handlers
+
+
 async def metric_sum(url: str, name: str, **labels: str) -> float:
     """Sum of the samples named `name` (or `name`_total) on a /metrics page, filtered by labels."""
     async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as response:

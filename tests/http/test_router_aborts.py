@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 
 import aiohttp
-from aiohttp import web
 from tests.http.router_harness import (
     LONG_PROMPT,
     MODEL,
@@ -22,45 +20,13 @@ from tests.http.router_harness import (
     engines,
     metric_sum,
     running_router,
-    serving,
+    unanswering_first,
     with_addresses,
 )
 from tests.support.engines import RunningEngine
 
 LEASE_S = 120.0  # far longer than the tests wait: a KV freed only by the lease fails them
 SLOW = 20.0  # engine time scale: a prefill leg of LONG_PROMPT takes about a second, a token 0.4 s
-
-
-@contextlib.asynccontextmanager
-async def unanswering_first(decode: RunningEngine, received: asyncio.Event) -> AsyncIterator[str]:
-    """A decode pod address whose first request is accepted but never handed to the engine (an API server
-    that had not submitted it when the client went away); later requests go to the engine."""
-    first = True
-    done = asyncio.Event()
-
-    async def forward(request: web.Request) -> web.StreamResponse:
-        nonlocal first
-        payload = await request.read()
-        if first:
-            first = False
-            received.set()
-            await done.wait()  # never answered (aiohttp does not cancel a handler whose client left)
-            return web.Response(status=503)
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(
-                decode.url + request.path, data=payload, headers={"Content-Type": "application/json"}
-            ) as r,
-        ):
-            return web.Response(status=r.status, body=await r.read(), content_type="application/json")
-
-    app = web.Application()
-    app.router.add_post("/{path:.*}", forward)
-    async with serving(app) as url:
-        try:
-            yield url
-        finally:
-            done.set()  # before the server's cleanup, which waits for its handlers
 
 
 async def kv_usage(engine: RunningEngine) -> float:
@@ -147,7 +113,7 @@ async def test_a_client_gone_between_the_legs_frees_the_prefill_pods_kv_before_t
     received = asyncio.Event()
     async with (
         engines(["prefill", "decode"], kv_lease_s=LEASE_S) as (prefill, decode),
-        unanswering_first(decode, received) as decode_front,
+        unanswering_first(decode.url, received) as decode_front,
     ):
         config = with_addresses(config_for([prefill], [], policy="AlwaysDisaggregate"), decode=[decode_front])
         async with running_router(config) as router, aiohttp.ClientSession() as http:
