@@ -10,10 +10,10 @@ starts on the same port (a restarted pod: same address, a new NIXL engine id, an
 Reported: requests, those that failed before their first token reached the client (the goal: 0, whatever
 died: the router retries a leg that got no answer, serves colocated a decode leg whose KV source died, and
 moves a stream whose decode pod died before its first event), those broken mid-stream (resumed on another
-decode pod unless that failed too), and for each kill, how long after the restarted engine listened it served
-a request again (its own vllm:request_success counter), which is how long the router kept it out after the
-failures it saw while the pod was down. The static pod list has no Pod watch: in a cluster the watch also
-reports the restart (a new incarnation), which this run does not exercise.
+decode pod unless that failed too), and for each kill, how long after the restarted engine listened it got a
+request again (one running or waiting on its /metrics, polled every 50 ms), which is how long the router kept
+it out after the failures it saw while the pod was down. The static pod list has no Pod watch: in a cluster
+the watch also reports the restart (a new incarnation), which this run does not exercise.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class Kill:
     role: str
     killed_at_s: float = 0.0  # into the load
     restarted_at_s: float = 0.0  # the new engine listening
-    used_again_after_s: float | None = None  # from restarted_at_s to its first finished request
+    used_again_after_s: float | None = None  # from restarted_at_s to its first request
 
 
 @dataclass
@@ -122,10 +122,18 @@ async def _kill_and_restart(
     restarted = await harness.fake_engine(started, *flags, time_scale=args.time_scale, port=engine.port)
     kill.restarted_at_s = time.monotonic() - began
     while time.monotonic() < began + args.seconds + 30:
-        if await harness.metric_sum(http, restarted.url, "vllm:request_success_total") > 0:
+        if await _given_work(http, restarted.url):
             kill.used_again_after_s = time.monotonic() - began - kill.restarted_at_s
             return
         await asyncio.sleep(0.05)
+
+
+async def _given_work(http: Any, engine: str) -> bool:
+    """Whether the engine has got a request: one running or waiting now, or one finished."""
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:request_success_total"):
+        if await harness.metric_sum(http, engine, name) > 0:
+            return True
+    return False
 
 
 async def _bench(args: argparse.Namespace) -> Result:
@@ -200,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
         used = "never" if kill.used_again_after_s is None else f"{kill.used_again_after_s:.2f} s after"
         print(
             f"{kill.role} engine killed at {kill.killed_at_s:.1f} s, restarted at "
-            f"{kill.restarted_at_s:.1f} s, served a request again {used} its restart"
+            f"{kill.restarted_at_s:.1f} s, got a request again {used} its restart"
         )
     for failure in result.failures:
         print(f"      {failure}")
