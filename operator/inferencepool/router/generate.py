@@ -159,6 +159,7 @@ class Orchestrator:
             # served whole on the prefill pod: no kv_transfer_params, so its engine prefills and decodes
             decode_pod, uncached = prefill_pod, decision.prefill_tokens
         decode_payload = raw
+        kv_source: Pod | None = None
         speed = self.scheduler.speed
         if route is Route.DISAGGREGATED and prefill_pod is not None:
             prefill_tokens = decision.prefill_tokens
@@ -182,7 +183,7 @@ class Orchestrator:
             if handoff is None or handoff.payload is None:
                 route = Route.FALLBACK  # counted by reason where it failed
             else:
-                decode_payload = handoff.payload
+                decode_payload, kv_source = handoff.payload, handoff.source
                 if found_idle:
                     speed.observe_leg(time.monotonic() - leg_started, prefill_tokens)
             if handoff is not None and handoff.pod is not None:
@@ -207,6 +208,7 @@ class Orchestrator:
                 # Nothing reached the client (the KV source died, the transfer failed): serve it whole.
                 log.warning("decode leg after a KV transfer failed, serving colocated: %s", failure)
                 self.metrics.fallbacks.labels("decode_leg_failed").inc()
+                self._stale_peer(kv_source, job.decode)
                 route, decode_payload, decode_pod = Route.FALLBACK, raw, None
         avoid = frozenset[str]()
         for attempt in range(self.legs.max_attempts):
@@ -219,7 +221,17 @@ class Orchestrator:
                     raise UpstreamError(str(failure), 502) from failure
                 log.warning("decode leg failed before its first event, trying another pod: %s", failure)
                 self.metrics.retries.labels("decode").inc()
+                self._stale_peer(None, job.decode)
                 avoid, decode_pod = avoid | {failure.pod}, None
+
+    def _stale_peer(self, kv_source: Pod | None, decode: Pod | None) -> None:
+        """Count a decode leg that failed before its first event against a restarted pod's engines: the
+        prefill pod holding its KV (the KV load failed), else the decode pod itself."""
+        pods = self.legs.pods
+        if kv_source is not None and pods.restarted(kv_source):
+            self.metrics.stale_peer_failures.labels("prefill").inc()
+        elif decode is not None and pods.restarted(decode):
+            self.metrics.stale_peer_failures.labels("decode").inc()
 
     def _release(self, path: str, payload: bytes, headers: list[tuple[str, str]], pod: Pod | None) -> None:
         """The client went away between the legs: the prefill pod holds the prompt's KV for a decode leg
@@ -284,7 +296,7 @@ class Orchestrator:
                 pod,
                 exclude=avoid,
             ) as leg:
-                job.decode_open = True
+                job.decode_open, job.decode = True, leg.pod
                 if job.queued is not None:
                     leg.first_token = job.queued.release
                 elif job.transfer is not None:
@@ -326,6 +338,7 @@ class _Job:
     transfer: TransferClock | None = None  # a disaggregated one's decode leg, on a pod that had no queue
     counted: bool = False  # in the per-route counters (once, however many decode legs it took)
     decode_open: bool = False  # a decode engine accepted the decode leg (it frees the KV if it is aborted)
+    decode: Pod | None = None  # the pod of the latest decode leg
 
 
 class TransferClock:

@@ -334,6 +334,16 @@ class RouterMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.stale_peer_failures = Counter(
+            f"{PREFIX}_stale_peer_failures",
+            "Requests that failed against a restarted pod's engines (same name, another incarnation): a "
+            "decode leg whose KV load failed from a prefill pod restarted since its prefill leg or before "
+            "(role prefill), a decode leg that failed before its first event on a decode pod restarted under "
+            "it or before (role decode); each is served elsewhere, but a count that keeps rising says a "
+            "decode engine kept the previous engine's NIXL state",
+            ["role"],
+            registry=registry,
+        )
         self.client_disconnects = Counter(
             f"{PREFIX}_client_disconnects",
             "Requests whose client went away before the end",
@@ -383,6 +393,8 @@ class RouterMetrics:
             self.fallbacks.labels(reason)
         for outcome in ("resumed", "broken"):
             self.streams_resumed.labels(outcome)
+        for role in ("prefill", "decode"):
+            self.stale_peer_failures.labels(role)
 
     def shed_demand(self, route: Route, reason: RouteReason, prompt_tokens: float) -> None:
         """A prompt shed (429) before it reached an engine: demand for its route's pool, and an arrival."""
