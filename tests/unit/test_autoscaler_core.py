@@ -135,6 +135,7 @@ def test_the_figures_carry_the_router_figures(
         cast(Any, None), pool, cast(Any, None), lambda _r, kind, reason, _m: events.append((kind, reason))
     )
     scaler.disaggregated_percent, scaler.threshold_tokens, scaler.lent_percent = 42, 2048, 7
+    scaler.peer_prefill_percent = 3
     scaler.pool = load_pool(
         "demo-cpu.yaml",
         router__adaptiveThreshold={"enabled": adaptive},
@@ -143,6 +144,6 @@ def test_the_figures_carry_the_router_figures(
     )
     figures = scaler.figures()
     assert (figures.disaggregated_percent, figures.threshold_tokens) == (42, 2048 if adaptive else None)
-    assert figures.lent_percent == 7
+    assert (figures.lent_percent, figures.peer_prefill_percent) == (7, 3)
     assert not figures.roles and figures.limits is None  # no decision yet: no ScalingLimited either
     assert events == []

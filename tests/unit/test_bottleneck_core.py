@@ -519,3 +519,22 @@ def test_a_split_that_lends_much_of_its_work_is_told_to_move_a_prefill_replica_t
     assert len(advice) == 1 and advice[0].replicas == 3
     assert "split 2P:2D -> 1P:3D" in advice[0].text and "33% of requests were lent" in advice[0].text
     assert "AddDecodeReplicas" not in kinds(diagnose(lending(0.5 * total), replace(PD, prefill_replicas=1)))
+
+
+def test_decode_pods_that_prefill_much_for_each_other_are_told_to_move_one_to_prefill() -> None:
+    window = healthy()
+    assert window.router is not None
+    total = window.router.total_requests
+
+    def peer_prefilled(count: float) -> PoolWindow:
+        return replace(window, router=replace(window.router, peer_prefills=count))
+
+    some = diagnose(peer_prefilled(0.1 * total), PD)  # a tenth: lending answers the bursts, the split stands
+    assert "AddPrefillReplicas" not in kinds(some)
+    assert any("10% of requests were prefilled on a peer decode engine" in line for line in some.evidence)
+    much = diagnose(peer_prefilled(0.4 * total), PD)
+    advice = [a for a in much.advice if a.kind == "AddPrefillReplicas"]
+    assert len(advice) == 1 and advice[0].replicas == 3
+    assert "split 2P:2D -> 3P:1D" in advice[0].text and "40% of requests were prefilled" in advice[0].text
+    one_decode = replace(PD, decode_replicas=1)
+    assert "AddPrefillReplicas" not in kinds(diagnose(peer_prefilled(0.4 * total), one_decode))

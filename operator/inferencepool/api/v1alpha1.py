@@ -1649,6 +1649,15 @@ class RouterStatus(StatusModel):
             "(router.roleLending), in percent."
         ),
     )
+    peer_prefill_percent: int | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description=(
+            "Share of recent requests whose prompt an idle decode engine prefilled for another decode engine "
+            "while every prefill engine queued (router.roleLending), in percent."
+        ),
+    )
 
 
 class BottleneckStatus(StatusModel):

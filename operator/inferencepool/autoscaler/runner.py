@@ -38,6 +38,8 @@ from inferencepool.api import labels
 from inferencepool.api.pods import http_url, is_ready
 from inferencepool.api.v1alpha1 import POOL_ROLES, Autoscaling, InferencePool, PoolRole, ScalingDecision
 from inferencepool.autoscaler.feed import (
+    PEER_REASON,
+    ROUTER_DECISIONS,
     ROUTER_REQUESTS,
     ROUTES,
     PoolFeed,
@@ -132,6 +134,7 @@ class PoolAutoscaler:
         self._router_due = 0.0
         self.disaggregated_percent: int | None = None
         self.lent_percent: int | None = None
+        self.peer_prefill_percent: int | None = None
         self.threshold_tokens: int | None = None
         self._parsed: list[PageReading] = []  # this round's pages
         self._readings: deque[Reading] = deque()
@@ -181,6 +184,7 @@ class PoolAutoscaler:
         if status.router is not None:
             self.disaggregated_percent = status.router.disaggregated_percent
             self.lent_percent = status.router.lent_percent
+            self.peer_prefill_percent = status.router.peer_prefill_percent
             if pool.spec.router.adaptive_threshold.enabled:
                 self.threshold_tokens = status.router.prefill_threshold_tokens
 
@@ -418,7 +422,12 @@ class PoolAutoscaler:
                 parsed = parse_page(page)
                 self._parsed.append(("router", name, parsed))
                 read.append((name, parsed))
-                counts = read_counts(parsed, ROUTER_REQUESTS, "route", ROUTES)
+                routes = read_counts(parsed, ROUTER_REQUESTS, "route", ROUTES)
+                peer = read_counts(parsed, ROUTER_DECISIONS, "reason", (PEER_REASON,))
+                # by route, then the prompts prefilled on a peer decode pod (a detail of disaggregated)
+                counts = (
+                    None if routes is None else Counts((*routes.values, *(peer or Counts((0.0,))).values))
+                )
                 threshold = read_gauge(parsed, ROUTER_THRESHOLD)
             except MetricsError as error:
                 log.warning("router pod %s/%s: %s", self.namespace, name, error)
@@ -429,11 +438,12 @@ class PoolAutoscaler:
                 thresholds.append(threshold)
         self._routes.keep_only(ready_pods)
         change = self._routes.delta(now, window_seconds)
-        total = sum(change.values) if change is not None else 0.0
+        total = sum(change.values[: len(ROUTES)]) if change is not None else 0.0
         if change is not None:
             # None (not 0) for a quiet window: no requests says nothing about the split.
             self.disaggregated_percent = round(100 * change.values[1] / total) if total else None
             self.lent_percent = round(100 * change.values[3] / total) if total else None
+            self.peer_prefill_percent = round(100 * change.values[4] / total) if total else None
         if thresholds:
             self.threshold_tokens = round(sum(thresholds) / len(thresholds))
         return ready_pods, read
@@ -471,7 +481,12 @@ class PoolAutoscaler:
         }
         threshold = self.threshold_tokens if self.pool.spec.router.adaptive_threshold.enabled else None
         return AutoscalerFigures(
-            roles, self.disaggregated_percent, threshold, self._limits(), self.lent_percent
+            roles,
+            self.disaggregated_percent,
+            threshold,
+            self._limits(),
+            self.lent_percent,
+            self.peer_prefill_percent,
         )
 
     def _limits(self) -> ScalingLimits | None:

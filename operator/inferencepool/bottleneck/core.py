@@ -123,6 +123,7 @@ class Traffic:
     prompt_p90: float | None
     disaggregated_share: float | None  # of routed requests
     lent_share: float | None  # of routed requests: served whole on prefill pods (role lending)
+    peer_prefill_share: float | None  # of routed requests: prefilled on a peer decode pod (role lending)
     prefix_hit_rate: float | None  # vLLM's GPU prefix cache, every engine
     external_hit_rate: float | None  # KV connector hits (LMCache CPU tier, p2p) where prompts are prefilled
     lmcache_hit_rate: float | None  # LMCache's own counters, when on the page
@@ -189,9 +190,10 @@ def traffic(window: PoolWindow) -> Traffic:
         routed = router.requests.get("direct", 0.0) + router.requests.get("disaggregated", 0.0)
         share = _ratio(router.requests.get("disaggregated", 0.0), routed + router.requests.get("fallback", 0))
         lent = _ratio(router.requests.get("lent", 0.0), requests)
+        peer = _ratio(router.peer_prefills, requests)
     else:
         requests = window.decode.requests if window.decode is not None else 0.0
-        share = lent = None
+        share = lent = peer = None
     prompt = router.prompt_tokens if router is not None else None
     decode = window.decode
     mean_output = None
@@ -211,6 +213,7 @@ def traffic(window: PoolWindow) -> Traffic:
         prompt_p90=prompt.quantile(0.9) if prompt is not None and prompt.count else None,
         disaggregated_share=share,
         lent_share=lent,
+        peer_prefill_share=peer,
         prefix_hit_rate=_hit_rate(engines, "vllm:prefix_cache_hits", "vllm:prefix_cache_queries"),
         external_hit_rate=_hit_rate(
             [e for e in prefilling if e is not None],
@@ -426,6 +429,11 @@ def _evidence_common(case: _Case) -> None:
             f"role lending: {_pct(t.lent_share)} of requests were served whole on prefill engines while "
             "every decode engine queued"
         )
+    if t.peer_prefill_share:
+        case.evidence.append(
+            f"role lending: {_pct(t.peer_prefill_share)} of requests were prefilled on a peer decode engine "
+            "while every prefill engine queued"
+        )
     for role in ("prefill", "decode"):
         engines = case.window.engines(role)
         if engines is None or engines.pods == 0:
@@ -579,9 +587,22 @@ def _decode_concurrency(case: _Case) -> float | None:
 
 
 def _advise_split(case: _Case) -> None:
-    """A pool that lends much of its decode work to the prefill pods has too few decode pods for its load:
-    move one prefill replica to decode (lending is the answer to a burst, the split to a steady share)."""
+    """A pool that lends much of its work to the other pool has too few pods of the lending role for its
+    load: move one replica across (lending is the answer to a burst, the split to a steady share). Decode
+    work lent to the prefill pods asks for one more decode pod, prompts prefilled on peer decode pods for
+    one more prefill pod."""
     s, t = case.settings, case.traffic
+    peer = t.peer_prefill_share
+    if peer is not None and peer >= LENT_SPLIT_SHARE and s.decode_replicas >= 2:
+        case.advice.append(
+            Advice(
+                "AddPrefillReplicas",
+                f"split {s.prefill_replicas}P:{s.decode_replicas}D -> {s.prefill_replicas + 1}P:"
+                f"{s.decode_replicas - 1}D: {_pct(peer)} of requests were prefilled on a peer decode engine "
+                f"(while every prefill engine queued), more than {_pct(LENT_SPLIT_SHARE)}",
+                replicas=s.prefill_replicas + 1,
+            )
+        )
     if t.lent_share is None or t.lent_share < LENT_SPLIT_SHARE or s.prefill_replicas < 2:
         return
     case.advice.append(

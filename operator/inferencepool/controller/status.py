@@ -383,6 +383,7 @@ def _router_status(
         else pool.spec.router.prefill_threshold_tokens,
         disaggregated_percent=figures.disaggregated_percent,
         lent_percent=figures.lent_percent,
+        peer_prefill_percent=figures.peer_prefill_percent,
     )
 
 
