@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import json
 import threading
-import urllib.request
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from tests.cluster.kube_helpers import (
+    background_load,
     event_reasons,
     example,
     get_pool,
     kubectl_ok,
+    ready_urls,
 )
 from tests.support.cluster import eventually
 
@@ -31,45 +32,14 @@ if TYPE_CHECKING:
 POOL = "scaling"
 
 
-def decode_urls(kube: Kube, namespace: str) -> list[str]:
-    selector = f"{labels.LABEL_POOL}={POOL},{labels.LABEL_ROLE}=decode"
-    return [
-        f"http://{pod['status']['podIP']}:8000"
-        for pod in kube.list("v1", "Pod", namespace, selector)
-        if pod.get("status", {}).get("podIP")
-        and any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
-    ]
-
-
 @pytest.fixture
 def load(admin_kube: Kube, namespace: str) -> Iterator[threading.Event]:
     """Streams completions to the ready decode pods from 4 threads while the event is set."""
-    on, stop = threading.Event(), threading.Event()
-
-    def stream() -> None:
-        body = json.dumps({"model": "llama-8b", "prompt": "tell me more", "max_tokens": 24, "stream": True})
-        while not stop.is_set():
-            if not on.wait(0.2):
-                continue
-            for url in decode_urls(admin_kube, namespace):
-                request = urllib.request.Request(
-                    url + "/v1/completions", body.encode(), {"Content-Type": "application/json"}
-                )
-                try:
-                    with urllib.request.urlopen(request, timeout=10) as response:
-                        response.read()
-                except OSError:
-                    pass  # a pod going away mid-test; the next round picks the live ones
-
-    threads = [threading.Thread(target=stream, daemon=True) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    try:
+    body = {"model": "llama-8b", "prompt": "tell me more", "max_tokens": 24, "stream": True}
+    with background_load(
+        lambda: ready_urls(admin_kube, namespace, POOL, "decode"), lambda: body, 4, 10
+    ) as on:
         yield on
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(15)
 
 
 def decode_status(kube: Kube, namespace: str) -> dict[str, Any]:
@@ -103,7 +73,7 @@ def test_decode_pool_scales_on_its_load_up_to_max_then_back_down(
         "scaleDownStabilizationSeconds": 3,
     }
     kubectl_ok(cluster, "apply", "-f", "-", input_text=json.dumps(document))
-    eventually(lambda: decode_urls(admin_kube, namespace), 90, "a ready decode pod")
+    eventually(lambda: ready_urls(admin_kube, namespace, POOL, "decode"), 90, "a ready decode pod")
 
     load.set()
     statefulset = eventually(

@@ -93,34 +93,11 @@ def role_status(kube: Kube, namespace: str, role: str) -> dict[str, Any]:
 def short_prompts(admin_kube: Kube, namespace: str) -> Iterator[threading.Event]:
     """CLIENTS clients send short prompts with long answers through the pool's router while the event is
     set."""
-    on, stop = threading.Event(), threading.Event()
-    body = json.dumps(
-        {"model": "llama-8b", "prompt": SHORT_PROMPT, "max_tokens": ANSWER_TOKENS, "ignore_eos": True}
-    ).encode()
-
-    def client() -> None:
-        while not stop.is_set():
-            if not on.wait(0.2):
-                continue
-            for url in ready_urls(admin_kube, namespace, "router")[:1]:
-                request = urllib.request.Request(
-                    url + "/v1/completions", body, {"Content-Type": "application/json"}
-                )
-                try:
-                    with urllib.request.urlopen(request, timeout=60) as response:
-                        response.read()
-                except OSError:
-                    pass  # a pod going away mid-test; the next round picks the live ones
-
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(CLIENTS)]
-    for thread in threads:
-        thread.start()
-    try:
+    body = {"model": "llama-8b", "prompt": SHORT_PROMPT, "max_tokens": ANSWER_TOKENS, "ignore_eos": True}
+    with kube_helpers.background_load(
+        lambda: ready_urls(admin_kube, namespace, "router")[:1], lambda: body, CLIENTS
+    ) as on:
         yield on
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(70)
 
 
 def test_a_prefill_pod_serves_lent_requests_while_the_decode_pool_is_saturated_and_the_planner_knows(
