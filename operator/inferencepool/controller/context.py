@@ -75,7 +75,8 @@ class PoolMemory:
         """Until a status request (then the coalescing delay unless urgent) or `timeout`; whether a request
         came."""
         try:
-            await asyncio.wait_for(self._wake.wait(), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for, which can swallow a cancellation on 3.11
+                await self._wake.wait()
         except TimeoutError:
             return False
         if not self._urgent:

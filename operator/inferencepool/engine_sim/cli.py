@@ -507,7 +507,8 @@ async def _serve(config: Any, shutdown_timeout: int, load_time: float) -> int:
     if load_time > 0:
         log.info("loading model (simulated, %.1f s)", load_time)
         try:
-            await asyncio.wait_for(stop.wait(), load_time)
+            async with asyncio.timeout(load_time):  # not wait_for, which can swallow a cancellation on 3.11
+                await stop.wait()
             return 0
         except TimeoutError:
             pass

@@ -120,7 +120,9 @@ class PdReceiver:
                 return
             self.freed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.freed.wait(), None if math.isinf(remaining) else remaining)
+                # not wait_for, which can swallow a cancellation on Python 3.11
+                async with asyncio.timeout(None if math.isinf(remaining) else remaining):
+                    await self.freed.wait()
 
 
 class PdSender:

@@ -211,8 +211,11 @@ class FakeEngine:
                 wake = self.core.next_wakeup()
                 self._wake.clear()
                 timeout = None if wake is None else max(0.0, (wake - self.model_now()) * scale)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation that
+                # lands as the event fires (an arrival while stop() cancels this loop); stop() then hangs
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout)
+                    async with asyncio.timeout(timeout):
+                        await self._wake.wait()
                 continue
             delay = (step.end - self.model_now()) * scale
             await asyncio.sleep(max(0.0, delay))

@@ -163,7 +163,10 @@ class PoolQueue:
         waiter = _Waiter(priority, -next(self._arrivals), asyncio.get_running_loop().create_future())
         self._queue.append(waiter)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter.future), wait)
+            # not wait_for: on Python 3.11 it can swallow the cancellation of a client that went away as
+            # its slot was granted, and the request would go on without it
+            async with asyncio.timeout(wait):
+                await asyncio.shield(waiter.future)
         except TimeoutError:
             if self._granted(waiter):
                 return Slot(self, True)

@@ -186,7 +186,8 @@ class Router:
 
     async def wait_idle(self, timeout: float) -> bool:
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for, which can swallow a cancellation on 3.11
+                await self._idle.wait()
         except TimeoutError:
             return False
         return True
