@@ -20,8 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fake-engine": ("inferencepool.engine_sim.cli", "run a CPU-only stand-in for a vLLM engine"),
     "model": ("inferencepool.model.cli", "write a tiny model that real vLLM serves on a CPU (no download)"),
     "bench": ("inferencepool.bench.cli", "run a benchmark and print ratios against its baseline"),
-    "sim": ("inferencepool.sim.cli", "compare colocated, P/D, LengthAware and autoscaled pools on a trace"),
-    "diagnose": ("inferencepool.diagnose.cli", "say which phase limits a pool, why, and the fix that fits"),
+    "sim": ("inferencepool.sim.cli", "compare a pool spec with what a user would run instead, on a trace"),
+    "diagnose": ("inferencepool.whatif.cli", "say which phase limits a pool, why, and the fix that fits"),
     "demo": ("inferencepool.demo.run", "run the local demo: control plane, operator, router, fake engines"),
 }
 

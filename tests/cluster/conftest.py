@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import json
 import threading
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from tests.cluster.kube_helpers import GPU_PRODUCT, OPERATOR_ACCOUNT, ROOT, kubectl_ok, ready_urls
+from tests.cluster.kube_helpers import (
+    GPU_PRODUCT,
+    OPERATOR_ACCOUNT,
+    ROOT,
+    background_load,
+    kubectl_ok,
+    ready_urls,
+)
 from tests.support.cluster import eventually
 
 from inferencepool.api import labels
@@ -93,31 +99,10 @@ def long_prompts(
     """Two clients send long prompts through the router of the requesting module's POOL, one after another,
     while the event is set."""
     pool = str(request.module.POOL)
-    on, stop = threading.Event(), threading.Event()
 
-    def client() -> None:
-        while not stop.is_set():
-            if not on.wait(0.2):
-                continue
-            # a distinct first word: no prompt is a prefix-cache hit of another
-            prompt = f"{uuid.uuid4().hex} {LONG_PROMPT}"
-            body = json.dumps({"model": "llama-8b", "prompt": prompt, "max_tokens": 4}).encode()
-            for url in ready_urls(admin_kube, namespace, pool, "router")[:1]:
-                request = urllib.request.Request(
-                    url + "/v1/completions", body, {"Content-Type": "application/json"}
-                )
-                try:
-                    with urllib.request.urlopen(request, timeout=60) as response:
-                        response.read()
-                except OSError:
-                    pass  # a pod going away mid-test; the next round picks the live ones
+    def body() -> dict[str, Any]:
+        # a distinct first word: no prompt is a prefix-cache hit of another
+        return {"model": "llama-8b", "prompt": f"{uuid.uuid4().hex} {LONG_PROMPT}", "max_tokens": 4}
 
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    try:
+    with background_load(lambda: ready_urls(admin_kube, namespace, pool, "router")[:1], body, 2) as on:
         yield on
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(70)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import json
+import threading
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +36,13 @@ def kubectl_ok(cluster: TestCluster, *args: str, input_text: str | None = None) 
     result = cluster.kubectl(*args, input_text=input_text)
     assert result.returncode == 0, f"kubectl {' '.join(args)} failed: {result.stderr}"
     return result.stdout
+
+
+def patch_spec(cluster: TestCluster, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    """`kubectl patch` of the pool's spec (a JSON merge patch), by the resource's fully qualified name."""
+    patch = json.dumps({"spec": spec})
+    resource = f"inferencepools.{labels.GROUP}"
+    kubectl_ok(cluster, "-n", namespace, "patch", resource, name, "--type=merge", "-p", patch)
 
 
 def create_pool(kube: Kube, namespace: str, document: dict[str, Any]) -> dict[str, Any]:
@@ -121,3 +133,36 @@ def ready_urls(kube: Kube, namespace: str, pool: str, role: str) -> list[str]:
         if ready and status.get("podIP") and ports:
             urls.append(f"http://{status['podIP']}:{ports[0]['containerPort']}")
     return urls
+
+
+@contextlib.contextmanager
+def background_load(
+    urls: Callable[[], list[str]], body: Callable[[], dict[str, Any]], clients: int, timeout: float = 60.0
+) -> Iterator[threading.Event]:
+    """`clients` threads post `body()` to `/v1/completions` of each of `urls()` in turn while the event is
+    set, and stop when the block ends."""
+    on, stop = threading.Event(), threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            if not on.wait(0.2):
+                continue
+            for url in urls():
+                request = urllib.request.Request(
+                    url + "/v1/completions", json.dumps(body()).encode(), {"Content-Type": "application/json"}
+                )
+                try:
+                    with urllib.request.urlopen(request, timeout=timeout) as response:
+                        response.read()
+                except OSError:
+                    pass  # a pod going away mid-test; the next round picks the live ones
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield on
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout + 10)

@@ -114,8 +114,8 @@ def test_a_step_of_long_prompts_scales_the_prefill_pool_before_its_ttft_target_i
     assert last["forecastMilliEngines"] > last["capacityMilliEnginesPerReplica"]
     assert last["demandMilliEngines"] > 0 and last["targetMilliseconds"] == TTFT_TARGET_MS
     assert "forecast" in last["message"] and f"vs target {TTFT_TARGET_MS}ms" in last["message"]
-    # Before the target was badly missed: the TTFT it scaled at was within 1.5x the target (the Latency
-    # rule would not have scaled before it was over).
+    # Before the target was badly missed: the TTFT it scaled at was within 1.5x the target (a rule on the
+    # latency alone, as the HPA's, would not have scaled before it was over).
     observed = last.get("observedMilliseconds")
     assert observed is None or observed < 1.5 * TTFT_TARGET_MS
     events = eventually(

@@ -1,20 +1,22 @@
 """The autoscaler on the real control plane: fake engine pods (run by the pod runner) under load, scaled by
-the operator from their own ITL histograms, with the decision in status, events and `kubectl get`."""
+the planner from their own metrics pages up to maxReplicas and back, with the decision in status, events,
+the ScalingLimited condition and `kubectl get`."""
 
 from __future__ import annotations
 
 import json
 import threading
-import urllib.request
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from tests.cluster.kube_helpers import (
+    background_load,
     event_reasons,
     example,
     get_pool,
     kubectl_ok,
+    ready_urls,
 )
 from tests.support.cluster import eventually
 
@@ -30,45 +32,14 @@ if TYPE_CHECKING:
 POOL = "scaling"
 
 
-def decode_urls(kube: Kube, namespace: str) -> list[str]:
-    selector = f"{labels.LABEL_POOL}={POOL},{labels.LABEL_ROLE}=decode"
-    return [
-        f"http://{pod['status']['podIP']}:8000"
-        for pod in kube.list("v1", "Pod", namespace, selector)
-        if pod.get("status", {}).get("podIP")
-        and any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
-    ]
-
-
 @pytest.fixture
 def load(admin_kube: Kube, namespace: str) -> Iterator[threading.Event]:
     """Streams completions to the ready decode pods from 4 threads while the event is set."""
-    on, stop = threading.Event(), threading.Event()
-
-    def stream() -> None:
-        body = json.dumps({"model": "llama-8b", "prompt": "tell me more", "max_tokens": 24, "stream": True})
-        while not stop.is_set():
-            if not on.wait(0.2):
-                continue
-            for url in decode_urls(admin_kube, namespace):
-                request = urllib.request.Request(
-                    url + "/v1/completions", body.encode(), {"Content-Type": "application/json"}
-                )
-                try:
-                    with urllib.request.urlopen(request, timeout=10) as response:
-                        response.read()
-                except OSError:
-                    pass  # a pod going away mid-test; the next round picks the live ones
-
-    threads = [threading.Thread(target=stream, daemon=True) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    try:
+    body = {"model": "llama-8b", "prompt": "tell me more", "max_tokens": 24, "stream": True}
+    with background_load(
+        lambda: ready_urls(admin_kube, namespace, POOL, "decode"), lambda: body, 4, 10
+    ) as on:
         yield on
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(15)
 
 
 def decode_status(kube: Kube, namespace: str) -> dict[str, Any]:
@@ -82,7 +53,7 @@ def scaling_limited(kube: Kube, namespace: str) -> dict[str, Any] | None:
     return next((c for c in conditions if c["type"] == "ScalingLimited"), None)
 
 
-def test_decode_pool_scales_on_its_itl_up_to_max_then_back_down(
+def test_decode_pool_scales_on_its_load_up_to_max_then_back_down(
     cluster: TestCluster, operator: OperatorContext, admin_kube: Kube, namespace: str, load: threading.Event
 ) -> None:
     document = example("demo-cpu.yaml")
@@ -91,17 +62,18 @@ def test_decode_pool_scales_on_its_itl_up_to_max_then_back_down(
     spec["prefill"].pop("autoscaling")
     spec["decode"]["replicas"] = 1
     spec["decode"]["autoscaling"] = {
-        "policy": "Latency",  # the HPA-style rule on the pool's own ITL (the planner has its own tests)
         "minReplicas": 1,
         "maxReplicas": 2,
-        # Far below what the fake H100 profile does (~10 ms between tokens): the pool is always too slow.
+        # Far below what the fake H100 profile does (~10 ms between tokens): a replica has no room under the
+        # target (the planner's capacity floor), so any load wants more replicas than maxReplicas allows.
         "target": {"itlMilliseconds": 1, "percentile": 90},
         "windowSeconds": 4,
         "intervalSeconds": 1,
+        "modelLoadSeconds": 2,
         "scaleDownStabilizationSeconds": 3,
     }
     kubectl_ok(cluster, "apply", "-f", "-", input_text=json.dumps(document))
-    eventually(lambda: decode_urls(admin_kube, namespace), 90, "a ready decode pod")
+    eventually(lambda: ready_urls(admin_kube, namespace, POOL, "decode"), 90, "a ready decode pod")
 
     load.set()
     statefulset = eventually(
@@ -120,8 +92,11 @@ def test_decode_pool_scales_on_its_itl_up_to_max_then_back_down(
         "lastScaling in status",
     )
     last = figures["lastScaling"]
-    assert (last["fromReplicas"], last["replicas"], last["reason"]) == (1, 2, "TargetExceeded")
-    assert "ITL" in last["message"] and "vs target 1ms" in last["message"]
+    assert (last["fromReplicas"], last["replicas"]) == (1, 2), last
+    # sized from the load (ForecastUp; ScalingLimited when it wanted more than maxReplicas at once), or the
+    # latency guard (over target with every replica up); the figures behind it in status
+    assert last["reason"] in ("ForecastUp", "ScalingLimited", "LatencyGuard"), last
+    assert last["wantedReplicas"] >= 2 and "vs target 1ms" in last["message"], last
     assert figures["observedMilliseconds"] >= 2
     eventually(lambda: "ScaledUp" in event_reasons(admin_kube, namespace, POOL), 15, "a ScaledUp event")
 
@@ -146,12 +121,13 @@ def test_decode_pool_scales_on_its_itl_up_to_max_then_back_down(
     )
     assert int(columns[5].split("/")[0]) >= 2
 
-    # No traffic: back to minReplicas once the down-stabilization window has passed.
+    # No traffic: back to minReplicas once the forecast has fallen (the last minute's mean and the 5-minute
+    # trend: a pool shrinks no faster than its load has; up to ~140 s after a minute of load here).
     load.clear()
     eventually(
-        lambda: decode_status(admin_kube, namespace).get("lastScaling", {}).get("reason") == "NoTraffic",
-        60,
-        "a NoTraffic scale-down",
+        lambda: decode_status(admin_kube, namespace).get("lastScaling", {}).get("reason") == "ForecastDown",
+        240,
+        "a ForecastDown scale-down",
     )
     assert admin_kube.get("apps/v1", "StatefulSet", namespace, f"{POOL}-decode")["spec"]["replicas"] == 1
     eventually(

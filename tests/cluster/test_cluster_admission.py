@@ -151,3 +151,31 @@ def test_oversized_specs_are_refused_naming_the_field(
     for message in messages:
         assert message in stderr, stderr[:2000]
     assert "too-big" not in stored_names(cluster, namespace)
+
+
+@pytest.mark.usefixtures("crd_applied")
+@pytest.mark.parametrize(
+    ("overload", "messages"),
+    [
+        (
+            {"enabled": True, "maxQueueMilliseconds": 800},  # the example's prefill TTFT target
+            ["spec.router.overload.maxQueueMilliseconds must be less than"],
+        ),
+        (
+            {"maxQueuedRequests": 5000},
+            ["spec.router.overload.maxQueuedRequests", "should be less than or equal to 4096"],
+        ),
+        ({"retryAfterSeconds": 0}, ["spec.router.overload.retryAfterSeconds", "should be greater than"]),
+    ],
+    ids=["wait-as-long-as-the-ttft-target", "queue-bound", "retry-after"],
+)
+def test_bad_overload_settings_are_refused_naming_the_field(
+    cluster: TestCluster, namespace: str, overload: dict[str, Any], messages: list[str]
+) -> None:
+    pool = demo_pool("bad-overload")
+    pool["spec"]["router"]["overload"] = overload
+    code, stderr = create(cluster, namespace, pool)
+    assert code != 0
+    for message in messages:
+        assert message in stderr, stderr[:2000]
+    assert "bad-overload" not in stored_names(cluster, namespace)

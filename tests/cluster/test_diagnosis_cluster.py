@@ -47,7 +47,7 @@ LONG_PROMPT = "word " * LONG_PROMPT_TOKENS  # through the prefill pool
 # say Interference or Prefill by how fast this machine runs the engines today. A slower machine only makes
 # the prefill longer, never the target easier.
 TTFT_TARGET_MILLISECONDS = 300
-# A verdict needs 20 requests in its window (diagnosis.core.MIN_REQUESTS): 40 s hold them even where this
+# A verdict needs 20 requests in its window (bottleneck.core.MIN_REQUESTS): 40 s hold them even where this
 # machine prefills one long prompt a second (2.5 a second at the profile's own speed).
 WINDOW_SECONDS = 40
 

@@ -14,6 +14,7 @@ from tests.cluster.kube_helpers import (
     example,
     get_pool,
     kubectl_ok,
+    patch_spec,
     settled_versions,
     wait_condition,
 )
@@ -178,17 +179,7 @@ def run_gpu_example(
         assert reconciles >= 1
 
         # A new engine image rolls both StatefulSets.
-        kubectl_ok(
-            cluster,
-            "-n",
-            namespace,
-            "patch",
-            "pdpool",
-            "llama-8b",
-            "--type=merge",
-            "-p",
-            json.dumps({"spec": {"engine": {"image": "vllm/vllm-openai:v0.34.0"}}}),
-        )
+        patch_spec(cluster, namespace, "llama-8b", {"engine": {"image": "vllm/vllm-openai:v0.34.0"}})
 
         def rolled(role: str) -> bool:
             sts = admin_kube.get("apps/v1", "StatefulSet", namespace, f"llama-8b-{role}")

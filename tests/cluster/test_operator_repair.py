@@ -14,6 +14,7 @@ from tests.cluster.kube_helpers import (
     example,
     get_pool,
     kubectl_ok,
+    patch_spec,
     wait_condition,
 )
 from tests.support.cluster import eventually
@@ -66,11 +67,6 @@ def test_every_kind_of_child_deleted_by_hand_comes_back(
         )
     # kopf posts events from a queue, a moment after the handler asks.
     eventually(lambda: "Applied" in event_reasons(admin_kube, namespace, "demo"), 10, "an Applied event")
-
-
-def patch_spec(cluster: TestCluster, namespace: str, name: str, spec: dict[str, Any]) -> None:
-    patch = json.dumps({"spec": spec})
-    kubectl_ok(cluster, "-n", namespace, "patch", "pdpool", name, "--type=merge", "-p", patch)
 
 
 def degraded_stays(kube: Kube, namespace: str, name: str, reason: str, seconds: float) -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tests.cluster.kube_helpers import event_reasons, example, get_pool, kubectl_ok
+from tests.cluster.kube_helpers import event_reasons, example, get_pool, kubectl_ok, patch_spec
 from tests.support.cluster import eventually
 
 from inferencepool.api import labels
@@ -185,17 +185,7 @@ def test_a_model_revision_upgrade_under_load_fails_no_request_and_never_crosses_
     target = kv_compat_hash(InferencePool.model_validate(pool_document(namespace, "r2")))
 
     began = time.monotonic()
-    patch = json.dumps({"spec": {"model": {"revision": "r2"}}})
-    kubectl_ok(
-        cluster,
-        "patch",
-        f"inferencepools.{labels.GROUP}/{POOL}",
-        "-n",
-        namespace,
-        "--type=merge",
-        "-p",
-        patch,
-    )
+    patch_spec(cluster, namespace, POOL, {"model": {"revision": "r2"}})
     progressing: list[str] = []
 
     def rolled_out() -> bool:
@@ -260,25 +250,12 @@ def test_a_change_that_keeps_kv_valid_restarts_no_engine(
     before = kv_compat_hash(InferencePool.model_validate(pool_document(namespace, "r1")))
     # the router's threshold, and autoscaling targets (bounds that pin the counts: nothing scales)
     pinned = {"minReplicas": REPLICAS, "maxReplicas": REPLICAS}
-    patch = json.dumps(
-        {
-            "spec": {
-                "router": {"prefillThresholdTokens": 2048, "policy": "LengthAware"},
-                "prefill": {"autoscaling": {**pinned, "target": {"ttftMilliseconds": 900}}},
-                "decode": {"autoscaling": {**pinned, "target": {"itlMilliseconds": 30}}},
-            }
-        }
-    )
-    kubectl_ok(
-        cluster,
-        "patch",
-        f"inferencepools.{labels.GROUP}/{POOL}",
-        "-n",
-        namespace,
-        "--type=merge",
-        "-p",
-        patch,
-    )
+    spec = {
+        "router": {"prefillThresholdTokens": 2048, "policy": "LengthAware"},
+        "prefill": {"autoscaling": {**pinned, "target": {"ttftMilliseconds": 900}}},
+        "decode": {"autoscaling": {**pinned, "target": {"itlMilliseconds": 30}}},
+    }
+    patch_spec(cluster, namespace, POOL, spec)
 
     def router_rolled() -> bool:
         deployment = admin_kube.get("apps/v1", "Deployment", namespace, f"{POOL}-router") or {}

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 from tests.support.engines import RunningEngine, running_engine
 
@@ -70,6 +71,94 @@ def config_for(
             **fields,
         }
     )
+
+
+def with_addresses(
+    config: RouterConfig, *, prefill: Sequence[str] | None = None, decode: Sequence[str] | None = None
+) -> RouterConfig:
+    """`config` with the static prefill or decode addresses replaced (a front in place of an engine)."""
+    assert config.static is not None
+    update = {
+        role: list(urls) for role, urls in (("prefill", prefill), ("decode", decode)) if urls is not None
+    }
+    return config.model_copy(update={"static": config.static.model_copy(update=update)})
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[str]:
+    """Serve `app` on a loopback ephemeral port; yields its base URL."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def front(
+    target: str,
+    after_first_answer: Callable[[], Awaitable[None]],
+    timeout: aiohttp.ClientTimeout | None = None,
+) -> AsyncIterator[str]:
+    """A pod address in front of an engine at `target`: forwards each request and, once the engine answered
+    the first one, runs `after_first_answer` (kill, restart or drain the engine) before the router gets that
+    answer, so the decode engine finds the KV's source changed when it goes to read it."""
+    done = False
+
+    async def forward(request: web.Request) -> web.Response:
+        nonlocal done
+        async with (
+            aiohttp.ClientSession(timeout=timeout or aiohttp.ClientTimeout(total=300)) as http,
+            http.post(
+                target + request.path,
+                data=await request.read(),
+                headers={"Content-Type": "application/json"},
+            ) as answer,
+        ):
+            status, payload = answer.status, await answer.read()
+        if not done:
+            done = True
+            await after_first_answer()
+        return web.Response(status=status, body=payload, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/{path:.*}", forward)
+    async with serving(app) as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def unanswering_first(target: str, received: asyncio.Event) -> AsyncIterator[str]:
+    """A pod address in front of an engine at `target` whose first request is accepted but never handed to
+    the engine (an API server that had not submitted it when the client went away: `received` is set then);
+    later requests go to the engine, whole (not streamed)."""
+    first = True
+    done = asyncio.Event()
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        nonlocal first
+        payload = await request.read()
+        if first:
+            first = False
+            received.set()
+            await done.wait()  # never answered (aiohttp does not cancel a handler whose client left)
+            return web.Response(status=503)
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http,
+            http.post(target + request.path, data=payload, headers={"Content-Type": "application/json"}) as r,
+        ):
+            return web.Response(status=r.status, body=await r.read(), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/{path:.*}", forward)
+    async with serving(app) as url:
+        try:
+            yield url
+        finally:
+            done.set()  # before the server's cleanup, which waits for its handlers
 
 
 async def metric_sum(url: str, name: str, **labels: str) -> float:

@@ -18,8 +18,8 @@ from tests.support.engines import running_engine
 
 from inferencepool import cli
 from inferencepool.api import labels
-from inferencepool.diagnose.cli import RawSnapshot, scrape_pods, snapshot_text
 from inferencepool.perf.profiles import PROFILES, EngineProfile
+from inferencepool.whatif.cli import RawSnapshot, scrape_pods, snapshot_text
 
 # The CPU demo device with a fifth of its compute: prefill costs ~1.2 ms a token and decode steps grow from
 # ~21 ms (a few streams) to ~50 ms (32 streams), so both phases can be driven past a 800 ms / 40 ms target

@@ -21,7 +21,14 @@ import pytest
 import pytest_asyncio
 from prometheus_client import start_http_server
 from tests.http.prometheus_harness import Prometheus, check_dashboard, free_port, running_prometheus
-from tests.http.router_harness import LONG_PROMPT, MODEL, SHORT_PROMPT, config_for, running_router
+from tests.http.router_harness import (
+    LONG_PROMPT,
+    MODEL,
+    SHORT_PROMPT,
+    RunningRouter,
+    config_for,
+    running_router,
+)
 from tests.support.engines import running_engine
 
 from inferencepool.engine_sim.core import LmcacheSettings
@@ -39,6 +46,7 @@ STAGED = {
     ("InferencePoolDegraded", None),
     ("InferencePoolFallbackRateHigh", None),
     ("InferencePoolRolloutStalled", None),
+    ("InferencePoolStalePeers", "prefill"),
 }
 
 
@@ -70,7 +78,7 @@ def record(operator: OperatorMetrics, pool: str, role: str, **figures: Any) -> N
         "current": 1,
         "desired": 1,
         "ready": 1,
-        "decision_reason": "WithinTolerance",
+        "decision_reason": "Steady",
         "scaling_limited": False,
         "degraded": False,
     }
@@ -93,6 +101,14 @@ async def traffic(url: str, stop: asyncio.Event, bad_every: int = 0) -> None:
             await asyncio.sleep(0.05)
 
 
+async def stale_peers(router: RunningRouter, stop: asyncio.Event) -> None:
+    """Staged: decode legs keep failing against a restarted prefill pod's engines (a decode engine that kept
+    the previous engine's NIXL state), counted where the router counts them."""
+    while not stop.is_set():
+        router.router.metrics.stale_peer_failures.labels("prefill").inc()
+        await asyncio.sleep(0.5)
+
+
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
     lmcache = LmcacheSettings(cpu_capacity_chunks=64)
@@ -101,7 +117,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
     record(operator, "demo", "decode")
     record(
         operator, "broken", "prefill", observed_ms=1500, current=2, desired=2, ready=1,
-        decision_reason="TargetExceeded", scaling_limited=True, degraded=True,
+        decision_reason="ForecastUp", scaling_limited=True, degraded=True,
     )  # fmt: skip
     record(operator, "broken", "decode", degraded=True)
     operator.record_bottleneck(NAMESPACE, "demo", "None", None)
@@ -159,6 +175,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
         loads = [
             asyncio.create_task(traffic(demo.url, stop)),
             asyncio.create_task(traffic(broken.url, stop, 7)),
+            asyncio.create_task(stale_peers(broken, stop)),
         ]
         try:
             yield Stack(prometheus, operator)
@@ -212,7 +229,7 @@ async def test_every_dashboard_query_returns_data(stack: Stack) -> None:
     await asyncio.sleep(3)
     record(
         stack.operator, "broken", "prefill", observed_ms=1500, current=2, desired=3, ready=1,
-        decision_reason="TargetExceeded", scaling_limited=True, degraded=True,
+        decision_reason="ForecastUp", scaling_limited=True, degraded=True,
     )  # fmt: skip
     problems = await check_dashboard(stack.prometheus, NAMESPACE, ["demo", "broken"], set())
     assert not problems, "\n".join(problems)

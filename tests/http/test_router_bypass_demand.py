@@ -52,7 +52,7 @@ async def test_a_prompt_bypassing_a_busy_prefill_pool_counts_as_prefill_demand()
         sample = await router_sample(router.url)
         change = deltas.step({"r": sample})
     assert change is not None and change.bypassed is not None
-    assert change.bypassed.values == (1, probe)
+    assert change.bypassed.values == (1, 0, probe, 0)  # (prefill_busy, prefill_saturated) prompts, tokens
     # both prompts are the prefill pool's demand in its arrival windows too; none direct
     assert sample.windows is not None and (sample.windows[0].sum, sample.windows[1].sum) == (long + probe, 0)
     assert change.burst_tokens is not None and change.burst_tokens[0] is not None

@@ -124,6 +124,10 @@ async def test_a_stream_whose_engine_stops_after_its_headers_goes_to_another_pod
                 "policy": "Colocated",
                 "engineMetricsIntervalMilliseconds": 200,
                 "adaptiveThreshold": {"ttftTargetMilliseconds": TTFT_TARGET_MS},
+                # pods by load alone, so the four prompts split two and two: prefix affinity hashes each
+                # prompt's first block onto a pod (the pods' names hold their random ports), and below its
+                # load floor of 4 one pod could take all four, leaving the stopped pod none to be stopped in
+                "prefixAffinity": {"enabled": False},
             }
         )
         async with running_router(config) as router, aiohttp.ClientSession() as http:

@@ -3,62 +3,25 @@ client is retried colocated (counted as a fallback with its reason), whatever br
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
 
-import aiohttp
 import pytest
-from aiohttp import web
 from tests.http.router_harness import (
     LONG_PROMPT,
+    RunningRouter,
     complete,
     config_for,
     engine_requests,
     engines,
+    front,
     metric_sum,
     running_router,
+    with_addresses,
 )
 from tests.support.engines import RunningEngine
 
 from inferencepool.engine_sim.server import FakeEngine
-
-
-@contextlib.asynccontextmanager
-async def prefill_front(
-    prefill: RunningEngine, after_answer: Callable[[], Awaitable[None]]
-) -> AsyncIterator[str]:
-    """A pod address in front of a prefill engine: forwards each prefill leg and, once the engine answered
-    the first one, runs `after_answer` (kill or restart the engine) before the router gets the answer, so
-    the decode engine finds the KV's source gone when it goes to read it."""
-    done = False
-
-    async def forward(request: web.Request) -> web.Response:
-        nonlocal done
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(
-                prefill.url + request.path,
-                data=await request.read(),
-                headers={"Content-Type": "application/json"},
-            ) as answer,
-        ):
-            status, payload = answer.status, await answer.read()
-        if not done:
-            done = True
-            await after_answer()
-        return web.Response(status=status, body=payload, content_type="application/json")
-
-    app = web.Application()
-    app.router.add_post("/{path:.*}", forward)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    finally:
-        await runner.cleanup()
+from inferencepool.router.pods import PodSpec
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -67,12 +30,9 @@ async def test_prefill_pod_dying_after_its_answer_is_served_colocated(stream: bo
     Either way nothing reached the client, so a decode pod serves the request by itself."""
     async with (
         engines(["prefill", "decode"]) as (prefill, decode),
-        prefill_front(prefill, prefill.engine.stop) as front,
+        front(prefill.url, prefill.engine.stop) as address,
     ):
-        config = config_for([], [decode], policy="AlwaysDisaggregate")
-        config = config.model_copy(
-            update={"static": config.static.model_copy(update={"prefill": [front]})}  # type: ignore[union-attr]
-        )
+        config = with_addresses(config_for([], [decode], policy="AlwaysDisaggregate"), prefill=[address])
         async with running_router(config) as router:
             status, body, headers = await complete(router.url, LONG_PROMPT, stream=stream, max_tokens=8)
             assert status == 200, body
@@ -86,17 +46,21 @@ async def test_prefill_pod_dying_after_its_answer_is_served_colocated(stream: bo
             # The decode engine failed the first try (the KV was gone) and served the second.
             assert await metric_sum(decode.url, "vllm:request_success", finished_reason="error") == 1
             assert await engine_requests(decode) == 2
+            # the prefill pod died and did not come back: not a restarted pod's engine
+            assert await metric_sum(router.url, "inferencepool_router_stale_peer_failures") == 0
             pods = router.router.pods.pods.values()
             assert all(pod.outstanding == 0 for pod in pods)
 
 
 async def test_prefill_pod_restarted_with_a_new_nixl_engine_id_mid_hand_off() -> None:
     """vLLM's fleet failure: a prefill pod restarts (a new NIXL engine id on the same address) while a decode
-    engine still has a request naming the old one. That request is retried colocated; the next ones go
-    through the new engine (the decode engine reads from whatever engine id the prefill leg names)."""
+    engine still has a request naming the old one. That request is retried colocated and counted as a stale
+    peer's failure (the Pod watch reported the new incarnation); the next ones go through the new engine (the
+    decode engine reads from whatever engine id the prefill leg names)."""
     async with engines(["prefill", "decode"]) as (prefill, decode):
         old = prefill.engine
         restarted: list[FakeEngine] = []
+        routers: list[RunningRouter] = []
 
         async def restart() -> None:
             await old.stop()
@@ -110,14 +74,19 @@ async def test_prefill_pod_restarted_with_a_new_nixl_engine_id_mid_hand_off() ->
             engine = FakeEngine(config)
             await engine.start()
             restarted.append(engine)
+            # what the Pod watch delivers: the same pods, the prefill pod under another incarnation
+            pods = routers[0].router.pods
+            pods.apply(
+                PodSpec(p.name, p.url, p.role, incarnation="restarted" if p.role == "prefill" else "")
+                for p in pods.pods.values()
+            )
 
         try:
-            async with prefill_front(prefill, restart) as front:
+            async with front(prefill.url, restart) as address:
                 config = config_for([], [decode], policy="AlwaysDisaggregate")
-                config = config.model_copy(
-                    update={"static": config.static.model_copy(update={"prefill": [front]})}  # type: ignore[union-attr]
-                )
+                config = with_addresses(config, prefill=[address])
                 async with running_router(config) as router:
+                    routers.append(router)
                     status, body, headers = await complete(router.url, LONG_PROMPT, stream=True)
                     assert status == 200 and headers["X-Inferencepool-Route"] == "fallback", body
                     assert '"error"' not in body
@@ -126,6 +95,9 @@ async def test_prefill_pod_restarted_with_a_new_nixl_engine_id_mid_hand_off() ->
                         assert status == 200 and headers["X-Inferencepool-Route"] == "disaggregated", body
                     reason = "decode_leg_failed"
                     assert await metric_sum(router.url, "inferencepool_router_fallbacks", reason=reason) == 1
+                    stale = "inferencepool_router_stale_peer_failures"
+                    assert await metric_sum(router.url, stale, role="prefill") == 1
+                    assert await metric_sum(router.url, stale, role="decode") == 0
                     assert await engine_requests(RunningEngine(restarted[0])) == 3
         finally:
             for engine in restarted:

@@ -235,7 +235,7 @@ def test_status_written_by_the_model_fits_the_schema() -> None:
             target_milliseconds=800,
             percentile=90,
             last_scaling=ScalingDecision(
-                from_replicas=2, replicas=3, reason="TargetExceeded", message="p90 912ms > 800ms", time=now
+                from_replicas=2, replicas=3, reason="ForecastUp", message="p90 912ms > 800ms", time=now
             ),
         ),
         router=RouterStatus(endpoint="http://llama-8b.default.svc:8000", prefill_threshold_tokens=4096),

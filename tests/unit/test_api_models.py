@@ -93,7 +93,7 @@ def test_autoscaled_pool_without_replicas_starts_at_min() -> None:
     assert spec.decode.initial_replicas() == 3
     autoscaling = spec.decode.autoscaling
     assert autoscaling is not None and autoscaling.target.percentile == 90
-    assert (autoscaling.scale_down_stabilization_seconds, autoscaling.max_scale_down_replicas) == (300, 1)
+    assert (autoscaling.scale_down_stabilization_seconds, autoscaling.max_scale_up_replicas) == (300, 4)
 
 
 def test_disabled_autoscaling_pins_replicas() -> None:

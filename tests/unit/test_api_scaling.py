@@ -17,7 +17,7 @@ from inferencepool.autoscaler.planner_spec import planner_settings
 
 
 def with_scaling(scaling: dict[str, Any], **changes: Any) -> dict[str, Any]:
-    spec = gpu_spec()  # prefill 1..8, decode 2..16, one GPU each, both on the Planner (the default)
+    spec = gpu_spec()  # prefill 1..8, decode 2..16, one GPU each, both autoscaled by the planner
     spec["scaling"] = scaling
     for role, autoscaling in changes.items():
         spec[role]["autoscaling"].update(autoscaling)
@@ -59,10 +59,10 @@ def test_the_bounds_reach_the_planner_settings() -> None:
         ),
         (
             {"gpuBudget": 8},
-            {"prefill": {"policy": "Latency"}, "decode": {"policy": "Latency"}},
-            "spec.scaling needs prefill or decode autoscaling with policy Planner",
+            {"prefill": {"enabled": False}, "decode": {"enabled": False}},
+            "spec.scaling needs prefill or decode autoscaling",
         ),
-        ({"gpuBudget": 8}, {"prefill": {"policy": "Latency"}}, None),  # decode is still planned
+        ({"gpuBudget": 8}, {"prefill": {"enabled": False}}, None),  # decode is still planned
     ],
 )
 def test_bounds_that_cannot_hold_are_refused_naming_the_field(
@@ -101,3 +101,22 @@ def test_the_crd_has_the_fields_and_their_rules() -> None:
     bad |= {"metadata": {"name": "p"}, "spec": with_scaling({"prefillDecodeRatio": {"minPercent": -1}})}
     with pytest.raises(jsonschema.ValidationError, match="less than the minimum of 0"):
         jsonschema.validate(bad, as_kubectl_strict(schema))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("policy", "Latency"), ("scaleUpStabilizationSeconds", 30), ("maxScaleDownReplicas", 2)],
+)
+def test_the_removed_latency_rule_s_fields_are_refused_naming_the_field(field: str, value: Any) -> None:
+    """The HPA-style Latency rule is gone (the planner superseded it): a spec that still asks for it, or for
+    a field only it read, is refused by the operator's models and by the API server's strict field
+    validation (kubectl's default), each naming the field, never pruned into a planner it did not ask for."""
+    spec = with_scaling({}, decode={field: value})
+    spec.pop("scaling")
+    with pytest.raises(ValidationError, match=rf"decode\.autoscaling\.{field}\n  Extra inputs"):
+        InferencePoolSpec.model_validate(spec)
+    document: dict[str, Any] = {"apiVersion": "serving.inferencepool.dev/v1alpha1", "kind": "InferencePool"}
+    document |= {"metadata": {"name": "p"}, "spec": spec}
+    with pytest.raises(jsonschema.ValidationError, match=f"'{field}' was unexpected") as refused:
+        jsonschema.validate(document, as_kubectl_strict(open_api_schema()))
+    assert list(refused.value.absolute_path) == ["spec", "decode", "autoscaling"]

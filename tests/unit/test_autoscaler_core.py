@@ -1,4 +1,5 @@
-"""The autoscaler's pure core: histograms from engine metrics pages, windows, quantiles, and decisions."""
+"""The autoscaler's pure core: histograms from engine metrics pages, windows and quantiles (the planner's
+decisions: test_autoscaler_planner.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from typing import Any, cast
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from inferencepool.api.v1alpha1 import Autoscaling
 from inferencepool.autoscaler.histogram import (
     ITL_METRIC,
     TTFT_METRIC,
@@ -20,16 +20,6 @@ from inferencepool.autoscaler.histogram import (
     read_counts,
     read_gauge,
     read_histogram,
-)
-from inferencepool.autoscaler.latency_rule import (
-    BELOW_TARGET,
-    NO_TRAFFIC,
-    OUT_OF_BOUNDS,
-    STABILIZING,
-    TARGET_EXCEEDED,
-    WAITING_FOR_REPLICAS,
-    WITHIN_TOLERANCE,
-    Recommender,
 )
 
 BOUNDS = (0.1, 0.5, 1.0, math.inf)
@@ -131,88 +121,6 @@ def test_router_counters_by_route_and_gauge() -> None:
     assert window.delta(10.0, 60.0) == Counts((11.0, 21.0, 2.0))
 
 
-def settings(**fields: Any) -> Autoscaling:
-    base: dict[str, Any] = {
-        "minReplicas": 1,
-        "maxReplicas": 10,
-        "target": {"ttftMilliseconds": 500},
-        "scaleDownStabilizationSeconds": 0,
-        "maxScaleUpReplicas": 4,
-        "maxScaleDownReplicas": 1,
-    }
-    return Autoscaling.model_validate(base | fields)
-
-
-def decide(
-    recommender: Recommender,
-    now: float,
-    current: int,
-    observed_ms: float | None,
-    ready: int | None = None,
-    **s: Any,
-) -> tuple[int, str]:
-    decision = recommender.decide(
-        now,
-        current,
-        current if ready is None else ready,
-        None if observed_ms is None else observed_ms / 1000,
-        500,
-        settings(**s),
-        "TTFT",
-    )
-    return decision.replicas, decision.reason
-
-
-def test_latency_over_target_adds_replicas_in_proportion_within_the_step_limit() -> None:
-    assert decide(Recommender(), 0, 2, 1000) == (4, TARGET_EXCEEDED)  # 2x the target: twice the pods
-    assert decide(Recommender(), 0, 2, 5000) == (6, TARGET_EXCEEDED)  # wants 20, +4 per decision
-    assert decide(Recommender(), 0, 4, 540) == (4, WITHIN_TOLERANCE)  # +8% is inside the 10% band
-
-
-def test_latency_under_target_removes_replicas_one_step_at_a_time() -> None:
-    assert decide(Recommender(), 0, 4, 250) == (3, BELOW_TARGET)  # wants 2, -1 per decision
-    assert decide(Recommender(), 0, 1, 100) == (1, WITHIN_TOLERANCE)  # already at minReplicas
-
-
-def test_scale_down_waits_for_the_highest_recommendation_in_its_window() -> None:
-    recommender = Recommender()
-    window = {"scaleDownStabilizationSeconds": 300}
-    assert decide(recommender, 0, 4, 500, **window) == (4, WITHIN_TOLERANCE)
-    assert decide(recommender, 100, 4, 100, **window) == (4, STABILIZING)  # 4 was wanted 100 s ago
-    assert decide(recommender, 301, 4, 100, **window) == (3, BELOW_TARGET)  # that left the window
-
-
-def test_no_scale_down_before_a_full_down_window_was_watched() -> None:
-    recommender = Recommender()
-    window = {"scaleDownStabilizationSeconds": 300}
-    assert decide(recommender, 0, 4, 100, **window) == (4, STABILIZING)
-    assert decide(recommender, 299, 4, 100, **window) == (4, STABILIZING)
-    assert decide(recommender, 301, 4, 100, **window) == (3, BELOW_TARGET)
-
-
-def test_scale_up_stabilization_needs_every_recommendation_to_ask_for_more() -> None:
-    recommender = Recommender()
-    window = {"scaleUpStabilizationSeconds": 30}
-    assert decide(recommender, 0, 2, 500, **window) == (2, WITHIN_TOLERANCE)
-    assert decide(recommender, 15, 2, 2000, **window) == (2, STABILIZING)  # 2 was enough 15 s ago
-    assert decide(recommender, 31, 2, 2000, **window) == (6, TARGET_EXCEEDED)
-
-
-def test_no_traffic_shrinks_to_the_minimum_and_pending_pods_block_more_scale_up() -> None:
-    assert decide(Recommender(), 0, 3, None) == (2, NO_TRAFFIC)
-    assert decide(Recommender(), 0, 1, None) == (1, NO_TRAFFIC)
-    assert decide(Recommender(), 0, 4, 2000, ready=2) == (4, WAITING_FOR_REPLICAS)
-    assert decide(Recommender(), 0, 4, 250, ready=2) == (3, BELOW_TARGET)  # scaling down never waits
-
-
-def test_wanting_more_than_max_is_limited_and_out_of_bounds_is_corrected() -> None:
-    decision = Recommender().decide(0, 10, 10, 2.0, 500, settings(), "TTFT")
-    assert (decision.replicas, decision.reason, decision.wanted) == (10, STABILIZING, 40)
-    assert decision.limited(settings()) and "at maxReplicas 10" in decision.message
-    assert decide(Recommender(), 0, 12, 500) == (10, OUT_OF_BOUNDS)
-    assert decide(Recommender(), 0, 1, 500, minReplicas=2) == (2, OUT_OF_BOUNDS)
-
-
 @pytest.mark.parametrize("adaptive", [True, False])
 def test_the_figures_carry_the_router_figures(
     adaptive: bool,
@@ -227,6 +135,7 @@ def test_the_figures_carry_the_router_figures(
         cast(Any, None), pool, cast(Any, None), lambda _r, kind, reason, _m: events.append((kind, reason))
     )
     scaler.disaggregated_percent, scaler.threshold_tokens, scaler.lent_percent = 42, 2048, 7
+    scaler.peer_prefill_percent = 3
     scaler.pool = load_pool(
         "demo-cpu.yaml",
         router__adaptiveThreshold={"enabled": adaptive},
@@ -235,6 +144,6 @@ def test_the_figures_carry_the_router_figures(
     )
     figures = scaler.figures()
     assert (figures.disaggregated_percent, figures.threshold_tokens) == (42, 2048 if adaptive else None)
-    assert figures.lent_percent == 7
+    assert (figures.lent_percent, figures.peer_prefill_percent) == (7, 3)
     assert not figures.roles and figures.limits is None  # no decision yet: no ScalingLimited either
     assert events == []

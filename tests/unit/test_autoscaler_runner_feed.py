@@ -222,6 +222,33 @@ TTFT = Histogram((0.5, 1.0, 2.0, math.inf), (50, 90, 100, 100), 60.0)
             {"to_prefill": RouteLoad(4, 33000), "direct": RouteLoad(12, 5000), "generated": 1100},
         ),
         (
+            "a prompt a peer decode pod prefilled is prefill demand the prefill engines did not count",
+            # 3 disaggregated prompts, one of 6000 tokens prefilled on a peer decode pod (prefill_saturated)
+            RouterSample(
+                Counts((10, 3, 1, 0)), Counts((2000, 30000, 9000, 0)), bypassed=Counts((0, 1, 0, 6000))
+            ),
+            EngineSample(24000, 2, TTFT),
+            EngineSample(41000, 900, ITL),
+            {
+                "to_prefill": RouteLoad(4, 39000),
+                "direct": RouteLoad(10, 2000),
+                "generated": 900,
+                "bypassed": RouteLoad(1, 6000),
+            },
+        ),
+        (
+            "requests shed by overload are demand of the route they would have taken, which no engine saw",
+            # 2 disaggregated prompts of 8000 tokens and 5 direct of 100 answered 429
+            RouterSample(
+                Counts((10, 3, 1, 0)),
+                Counts((2000, 30000, 9000, 0)),
+                shed=Counts((5, 2, 0, 0, 500, 16000, 0, 0)),
+            ),
+            EngineSample(24000, 3, TTFT),
+            EngineSample(35000, 900, ITL),
+            {"to_prefill": RouteLoad(6, 49000), "direct": RouteLoad(15, 2500), "generated": 900},
+        ),
+        (
             "an older router: tokens from the engines, fallback at the disaggregated mean",
             RouterSample(Counts((10, 3, 1, 0)), None),
             EngineSample(24000, 3, TTFT),
@@ -264,6 +291,8 @@ def test_observation_from_the_readings(
         expected["direct"],
         expected["generated"],
     ), case
+    if "bypassed" in expected:
+        assert obs.bypassed == expected["bypassed"], case
     assert (obs.now, obs.interval_seconds) == (100.0, 15.0)
     assert (obs.prefill.replicas, obs.prefill.ready, obs.decode.ready) == (2, 2, 1)
 
@@ -350,9 +379,9 @@ def test_planner_settings_from_the_spec() -> None:
     )
     assert (settings.model_load_seconds, settings.interval_seconds) == (300, 10)
     assert settings.scale_down_delay_seconds == settings.warmup_seconds == 300  # the spec's default
-    # A role not on the planner is pinned where it is; a pool with none on the planner has no settings.
+    # A role that does not autoscale is pinned where it is; a pool where none does has no settings.
     decode_only = spec(
-        prefill={"autoscaling": scaling({"ttftMilliseconds": 800}, policy="Latency")},
+        prefill={"autoscaling": scaling({"ttftMilliseconds": 800}, enabled=False)},
         decode={"autoscaling": scaling({"itlMilliseconds": 40})},
     )
     settings = planner_settings(decode_only, {"prefill": 3, "decode": 2})

@@ -429,3 +429,24 @@ def test_extra_args_that_set_the_batch_leave_it_to_them(flag: str) -> None:
     for role in ("prefill", "decode"):
         args = args_of(pool, role)
         assert args.count("--max-num-batched-tokens") == 0 and args.count("--max-num-seqs") == 0
+
+
+def _keys(value: Any) -> set[str]:
+    if isinstance(value, dict):
+        return set(value) | {k for v in value.values() for k in _keys(v)}
+    if isinstance(value, list):
+        return {k for v in value for k in _keys(v)}
+    return set()
+
+
+@pytest.mark.parametrize("kv_cache", [None, {"chunkSize": 256}])
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_no_engine_pins_its_nixl_engine_id(kv_cache: dict[str, Any] | None, role: str) -> None:
+    """vLLM draws a new engine_id at each start when none is set, which is how a decode engine tells a
+    restarted prefill pod (same name and IP) from the engine it replaced and drops the old one's NIXL state
+    (docs/engine-contract.md §3, "Restarted peers"); a pinned id would leave it a stale peer."""
+    pool = load_pool("llama-3.1-8b.yaml", kvCache=kv_cache)
+    c = container(child(pool, "StatefulSet", f"llama-8b-{role}"))
+    transfer = json.loads(arg_value(c["args"], "--kv-transfer-config"))
+    assert "engine_id" not in _keys(transfer)
+    assert not any("engine-id" in arg or "engine_id" in arg for arg in c["args"] if arg.startswith("--"))

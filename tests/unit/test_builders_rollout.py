@@ -243,13 +243,11 @@ def _budget_pool(budget: int) -> InferencePool:
         prefill__replicas=2,
         decode__replicas=2,
         prefill__autoscaling={
-            "policy": "Planner",
             "minReplicas": 1,
             "maxReplicas": 4,
             "target": {"ttftMilliseconds": 500},
         },
         decode__autoscaling={
-            "policy": "Planner",
             "minReplicas": 1,
             "maxReplicas": 4,
             "target": {"itlMilliseconds": 30},

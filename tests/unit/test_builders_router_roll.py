@@ -42,7 +42,7 @@ def edited(scaling: dict[str, Any], **changes: Any) -> dict[str, Any]:
         ("demo-cpu.yaml", "decode", {"maxReplicas": 5}),
         ("demo-cpu.yaml", "decode", {"minReplicas": 2}),
         ("demo-cpu.yaml", "decode", {"windowSeconds": 45, "intervalSeconds": 15}),
-        ("demo-cpu.yaml", "decode", {"policy": "Latency"}),
+        ("demo-cpu.yaml", "decode", {"scaleDownStabilizationSeconds": 60, "modelLoadSeconds": 300}),
         ("demo-cpu.yaml", "decode", {"enabled": False}),
         ("demo-cpu.yaml", "decode", {"itlMilliseconds": 55}),  # only an adapting threshold reads it
         ("demo-cpu.yaml", "decode", {"percentile": 99}),

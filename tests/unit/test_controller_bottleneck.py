@@ -7,18 +7,22 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from tests.unit.builders_examples import load_pool
-from tests.unit.test_diagnosis_window import Engine, Router
+from tests.unit.test_bottleneck_window import Engine, Router
 
 from inferencepool.api import crd, labels
 from inferencepool.api.v1alpha1 import InferencePool, InferencePoolStatus
 from inferencepool.autoscaler.histogram import Reading, parse_page
 from inferencepool.autoscaler.runner import PoolAutoscaler
+from inferencepool.bottleneck.settings import settings_from_pool
+from inferencepool.bottleneck.sizing import size
+from inferencepool.bottleneck.window import PodPage, Snapshot
 from inferencepool.controller.status import (
     Bottleneck,
     Observed,
     ReconcileOutcome,
     StatusInputs,
     WorkloadState,
+    _pod_role,
     bottleneck_of,
     status_document,
 )
@@ -102,6 +106,34 @@ def test_long_prompts_make_the_status_say_prefill_and_long_outputs_say_decode() 
     )
     assert all("not replayed" not in text for text in decode.document["advice"] if "decode replicas" in text)
     assert condition(compose(pool, decode))["reason"] == "DecodeBound"
+
+
+def test_the_replicas_advised_are_what_the_planner_sizes_from_the_same_pages() -> None:
+    """The diagnosis holds no sizing rule of its own: the prefill replicas it advises are the planner's
+    (`bottleneck.sizing`, through the operator's feed), so they follow the load, not the latency ratio (2.9x
+    the target at every load here)."""
+    pool = load_pool("demo-cpu.yaml")
+    settings = settings_from_pool(pool, {"prefill": 1, "decode": 1})
+    advised: dict[int, int] = {}
+    for requests in (30, 300):
+        engines = Pool()
+        start = engines.reading(0)
+        engines.long_prompts(requests)
+        end = engines.reading(30)
+        bottleneck = bottleneck_of(pool, [start, end])
+        assert bottleneck is not None and bottleneck.document["phase"] == "Prefill"
+        snapshots = [
+            Snapshot(at, tuple(PodPage(pod, _pod_role(role), page) for role, pod, page in pages))
+            for at, pages in (start, end)
+        ]
+        sizing = size(snapshots[0], snapshots[1], settings)
+        assert sizing is not None and sizing.prefill.forecast > 0
+        [text] = [a for a in bottleneck.document["advice"] if a.startswith("prefill replicas")]
+        advised[requests] = max(2, sizing.prefill.wanted)  # at least one more: the pool misses its target
+        ceiling = settings.max_replicas["prefill"]  # demo-cpu: 3
+        assert text.startswith(f"prefill replicas 1 -> {min(advised[requests], ceiling)} (")
+        assert f"the planner sizes this load at {sizing.prefill.wanted}:" in text
+    assert advised[300] > advised[30] >= 2  # ten times the load: more replicas, at the same latency ratio
 
 
 def test_the_window_is_the_readings_within_it_and_quiet_pools_are_unknown() -> None:

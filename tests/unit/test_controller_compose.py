@@ -69,12 +69,13 @@ NONE = AutoscalerFigures()
 
 def test_one_document_carries_the_autoscalers_figures_and_formats_the_columns_from_them() -> None:
     scaled = ScalingDecision.model_validate(
-        {"fromReplicas": 3, "replicas": 4, "reason": "TargetExceeded", "time": "2026-12-01T09:00:00Z"}
+        {"fromReplicas": 3, "replicas": 4, "reason": "ForecastUp", "time": "2026-12-01T09:00:00Z"}
     )
     figures = AutoscalerFigures(
         {"prefill": RoleFigures(650), "decode": RoleFigures(31, scaled)},
         disaggregated_percent=30,
         lent_percent=5,
+        peer_prefill_percent=2,
     )
     document = document_for(figures, WITHIN)
     assert {c["type"] for c in document["conditions"]} == {
@@ -94,6 +95,7 @@ def test_one_document_carries_the_autoscalers_figures_and_formats_the_columns_fr
         "readyReplicas": 2,
         "disaggregatedPercent": 30,
         "lentPercent": 5,
+        "peerPrefillPercent": 2,
     }
 
 

@@ -181,7 +181,7 @@ def test_the_autoscalers_figures_come_from_the_autoscaler_not_from_the_previous_
                 "lastScaling": {
                     "fromReplicas": 1,
                     "replicas": 2,
-                    "reason": "TargetExceeded",
+                    "reason": "ForecastUp",
                     "time": "2026-11-29T11:00:00Z",
                 },
             },

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferencepool.autoscaler import latency_rule
+from inferencepool.autoscaler import planner
 from inferencepool.observability import metrics
 from inferencepool.observability.metrics import OperatorMetrics
 
@@ -31,7 +31,7 @@ def record(m: OperatorMetrics, **overrides: object) -> None:
         "current": 2,
         "desired": 3,
         "ready": 1,
-        "decision_reason": "TargetExceeded",
+        "decision_reason": "ForecastUp",
         "scaling_limited": True,
         "degraded": False,
     }
@@ -51,8 +51,8 @@ def test_record_pool_exports_every_figure_in_base_units() -> None:
     assert value(m, metrics.SCALING_LIMITED, **pool) == 1
     assert value(m, metrics.DEGRADED, namespace="default", pool="demo") == 0
     # One-hot over the fixed reason set.
-    assert value(m, metrics.SCALING_DECISION, **pool, reason="TargetExceeded") == 1
-    others = [r for r in metrics.DECISION_REASONS if r != "TargetExceeded"]
+    assert value(m, metrics.SCALING_DECISION, **pool, reason="ForecastUp") == 1
+    others = [r for r in metrics.DECISION_REASONS if r != "ForecastUp"]
     assert all(value(m, metrics.SCALING_DECISION, **pool, reason=r) == 0 for r in others)
 
 
@@ -67,15 +67,13 @@ def test_unknown_figures_remove_their_series_instead_of_keeping_a_stale_one() ->
     assert value(m, metrics.SCALING_LIMITED, **pool) == 0
 
 
-def test_decision_reasons_are_a_bounded_set_covering_the_autoscalers() -> None:
+def test_decision_reasons_are_the_planner_s_and_a_bounded_set() -> None:
     reasons = {
-        getattr(latency_rule, name)
-        for name in dir(latency_rule)
-        if name.isupper()
-        and isinstance(getattr(latency_rule, name), str)
-        and getattr(latency_rule, name).isalpha()
+        getattr(planner, name)
+        for name in dir(planner)
+        if name.isupper() and isinstance(getattr(planner, name), str) and getattr(planner, name).isalpha()
     }
-    assert reasons <= set(metrics.DECISION_REASONS), reasons - set(metrics.DECISION_REASONS)
+    assert reasons == set(metrics.DECISION_REASONS) - {"Other"}
     m = OperatorMetrics()
     record(m, decision_reason="SomethingNew")
     series = {dict(k[1])["reason"] for k in samples(m) if k[0] == metrics.SCALING_DECISION}
@@ -111,7 +109,7 @@ def test_forget_pool_drops_every_series_of_that_pool_only() -> None:
     record(m)
     m.record_pool(
         "default", "other", "decode", observed_ms=30, target_ms=40, current=1, desired=1, ready=1,
-        decision_reason="WithinTolerance", scaling_limited=False, degraded=True,
+        decision_reason="Steady", scaling_limited=False, degraded=True,
     )  # fmt: skip
     with m.reconcile("default", "demo"):
         pass
@@ -126,7 +124,7 @@ def test_record_status_reads_the_status_document_the_operator_writes() -> None:
     m = OperatorMetrics()
     limited = recorded_pools.limited()["status"]
     limited["decode"]["lastScaling"] = {
-        "fromReplicas": 1, "replicas": 2, "reason": "TargetExceeded", "time": "2026-12-01T10:00:00Z",
+        "fromReplicas": 1, "replicas": 2, "reason": "ForecastUp", "time": "2026-12-01T10:00:00Z",
     }  # fmt: skip
     for condition in limited["conditions"]:
         if condition["type"] == "ScalingLimited":
@@ -137,7 +135,7 @@ def test_record_status_reads_the_status_document_the_operator_writes() -> None:
     assert value(m, metrics.DESIRED_REPLICAS, **decode) == 2
     assert value(m, metrics.SCALING_LIMITED, **decode) == 1
     assert value(m, metrics.SCALING_LIMITED, namespace="default", pool="demo", role="prefill") == 0
-    assert value(m, metrics.SCALING_DECISION, **decode, reason="TargetExceeded") == 1
+    assert value(m, metrics.SCALING_DECISION, **decode, reason="ForecastUp") == 1
     assert value(m, metrics.DEGRADED, namespace="default", pool="demo") == 0
     metrics.record_status(m, "default", "demo", recorded_pools.degraded()["status"])
     assert value(m, metrics.DEGRADED, namespace="default", pool="demo") == 1

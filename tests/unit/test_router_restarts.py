@@ -75,3 +75,21 @@ def test_a_restarted_container_or_a_recreated_pod_is_a_new_engine() -> None:
         )
         assert old.outstanding == 2  # the old legs' counts go down on the object they went up on
         assert [p.name for p in pods.available("prefill", 100.0)] == ["llama-prefill-0"]
+
+
+def test_a_failure_involving_a_restarted_engine_is_told_apart() -> None:
+    """What inferencepool_router_stale_peer_failures counts: a request whose pod was replaced under it, or
+    that ran on a pod's later engine; never one on a pod that never restarted (or only changed readiness)."""
+    pods = PodSet()
+    pods.apply(snapshot(pod()))
+    first = pods.pods["llama-prefill-0"]
+    not_ready = copy.deepcopy(pod())
+    not_ready["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    pods.apply(snapshot(not_ready))
+    assert not pods.restarted(first)
+    pods.apply(snapshot(pod(restarts=1)))
+    second = pods.pods["llama-prefill-0"]
+    assert pods.restarted(first) and pods.restarted(second)
+    assert (first.restarts, second.restarts) == (0, 1)
+    pods.apply(snapshot(pod(uid="uid-2")))
+    assert pods.pods["llama-prefill-0"].restarts == 2

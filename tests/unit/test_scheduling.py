@@ -120,3 +120,70 @@ def test_lending_waits_for_a_prefill_pod_that_would_meet_the_ttft_target() -> No
     assert scheduler.schedule(800, prompt_keys(b"z" * 800, 8, 1024), view, 0.0, 100).route is (
         Route.DISAGGREGATED
     )
+
+
+def prefill_queues(view: PodSet, busy: str) -> PodSet:
+    """Every prefill pod has requests waiting in its engine; the decode pod `busy` runs requests."""
+    for pod in view.pods.values():
+        if pod.role == "prefill":
+            pod.engine_running, pod.engine_waiting = 1, 1
+    view.pods[busy].engine_running = 3
+    return view
+
+
+def three_pods() -> PodSet:
+    return pods(("p", "prefill", None), ("d1", "decode", None), ("d2", "decode", None))
+
+
+def test_an_idle_decode_pod_prefills_for_a_busy_one_while_the_prefill_pool_queues() -> None:
+    view = prefill_queues(three_pods(), "d1")
+    # the prompt is cached on d1, so the prefix-aware choice keeps its decode there
+    view.prefixes.sent("d1", PROMPT[:10])
+    decision = Scheduler(LENDING).schedule(800, PROMPT, view, 0.0, 100)
+    assert (decision.route, decision.reason) == (Route.DISAGGREGATED, RouteReason.PREFILL_SATURATED)
+    assert decision.decode is view.pods["d1"] and decision.prefill is view.pods["d2"]
+    assert decision.uncached_tokens == 720 and decision.prefill_tokens == 800  # d2 computes it all
+    assert view.prefixes.cached_blocks("d2", PROMPT) == len(PROMPT)  # and holds it after
+
+
+def test_no_peer_prefill_unless_the_prefill_pool_queues_the_decode_pod_is_busy_and_a_peer_idle() -> None:
+    def decide(config: SchedulerConfig, view: PodSet, seed: bytes) -> tuple[Route, RouteReason]:
+        keys = prompt_keys(seed * 800, 8, 1024)
+        view.prefixes.sent("d1", keys[:10])  # the decode pod stays d1
+        decision = Scheduler(config).schedule(800, keys, view, 0.0, 100)
+        return decision.route, decision.reason
+
+    def fresh() -> PodSet:
+        return prefill_queues(three_pods(), "d1")
+
+    long = (Route.DISAGGREGATED, RouteReason.LONG)
+    assert decide(CONFIG, fresh(), b"a") == long  # lending off
+    view = fresh()
+    view.pods["p"].engine_waiting = 0  # the prefill pod has room
+    assert decide(LENDING, view, b"b") == long
+    view = fresh()
+    view.pods["d1"].engine_running = 0  # the chosen decode pod runs nothing: no decode to stall there
+    assert decide(LENDING, view, b"c") == long
+    view = fresh()
+    view.pods["d2"].engine_running = 1  # no idle peer
+    assert decide(LENDING, view, b"d") == long
+    view = fresh()
+    view.pods["d2"].queued_tokens = 100  # the peer has prefill work queued
+    assert decide(LENDING, view, b"e") == long
+    incompatible = prefill_queues(
+        pods(("p", "prefill", "v1"), ("d1", "decode", "v1"), ("d2", "decode", "v2")), "d1"
+    )  # d1 could not load d2's KV
+    assert decide(LENDING, incompatible, b"f") == long
+    assert decide(LENDING, fresh(), b"g") == (Route.DISAGGREGATED, RouteReason.PREFILL_SATURATED)
+
+
+def test_a_peer_prefills_only_within_the_ttft_target_once_the_speed_is_known() -> None:
+    view = prefill_queues(three_pods(), "d1")
+    scheduler = Scheduler(LENDING)
+    scheduler.speed.observe_leg(0.5, 1000)  # 0.5 ms a token: 800 tokens take 0.4 s of the 1 s target
+    view.prefixes.sent("d1", PROMPT[:10])
+    assert scheduler.schedule(800, PROMPT, view, 0.0, 100).reason is RouteReason.PREFILL_SATURATED
+    scheduler.speed.observe_transfer(0.8, 100)  # 8 ms a token: moving 720 tokens misses the target
+    keys = prompt_keys(b"w" * 800, 8, 1024)
+    view.prefixes.sent("d1", keys[:10])
+    assert scheduler.schedule(800, keys, view, 0.0, 100).reason is RouteReason.LONG

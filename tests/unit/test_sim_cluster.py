@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from inferencepool.api.v1alpha1 import Autoscaling, LatencyTarget
+from inferencepool.autoscaler.planner import FORECAST_UP, LATENCY_GUARD, PlannerSettings, RoleBounds
 from inferencepool.cli import main
 from inferencepool.perf import timing
 from inferencepool.perf.profiles import get_profile
-from inferencepool.sim.cluster import PoolAutoscaling, Scenario, ScenarioResult, simulate
+from inferencepool.sim.cluster import PlannerScaling, Scenario, ScenarioResult, simulate
 from inferencepool.sim.compare import SCENARIO_NAMES, SEARCHED, Budget, build_scenarios, compare
 from inferencepool.sim.report import Slo, summarize, table, to_json
 from inferencepool.sim.workload import TraceRequest
@@ -127,29 +127,27 @@ def burst_then_quiet() -> list[TraceRequest]:
 
 
 def test_decode_pool_scales_up_under_a_burst_and_down_after_with_the_load_delay() -> None:
-    def pool(target: LatencyTarget) -> Autoscaling:
-        return Autoscaling(
-            min_replicas=1,
-            max_replicas=4,
-            target=target,
-            window_seconds=10,
+    scaling = PlannerScaling(
+        PlannerSettings(
+            ttft_target_seconds=0.8,
+            itl_target_seconds=0.02,
+            prefill=RoleBounds(1, 4),
+            decode=RoleBounds(1, 4),
+            model_load_seconds=20.0,
             interval_seconds=5,
-            scale_down_stabilization_seconds=30,
-        )
-
-    scaling = PoolAutoscaling(
-        prefill=pool(LatencyTarget(ttft_milliseconds=800)),
-        decode=pool(LatencyTarget(itl_milliseconds=20)),
-        model_load_seconds=20.0,
+            scale_down_delay_seconds=30,
+            warmup_seconds=30,
+        ),
+        window_seconds=10,
     )
-    scenario = Scenario("auto", "LengthAware", 1, 1, autoscaling=scaling)
+    scenario = Scenario("auto", "LengthAware", 1, 1, planner=scaling)
     result = simulate(scenario, H100, burst_then_quiet())
     assert_conserved(result)
 
     decode_events = [e for e in result.scaling if e.role == "decode"]
     ups = [e for e in decode_events if e.replicas > e.from_replicas]
     downs = [e for e in decode_events if e.replicas < e.from_replicas]
-    assert ups and ups[0].reason == "TargetExceeded" and ups[0].from_replicas == 1
+    assert ups and ups[0].reason in (FORECAST_UP, LATENCY_GUARD) and ups[0].from_replicas == 1
     assert downs and downs[-1].replicas == 1 and downs[0].time > ups[-1].time
     first_up = ups[0].time
     # desired rises at the decision; ready only after the model load delay, never before
@@ -157,8 +155,8 @@ def test_decode_pool_scales_up_under_a_burst_and_down_after_with_the_load_delay(
     assert desired_at_decision and desired_at_decision[-1][4] > desired_at_decision[-1][3]
     ready_rise = next(row for row in result.replicas if row[3] > 1)
     assert ready_rise[0] == pytest.approx(first_up + 20.0)
-    # no scale-down before the down-stabilization window has passed since the last scale-up asked for more
-    assert downs[0].time - first_up >= 30
+    # no scale-down within the scale-down delay (scaleDownStabilizationSeconds) of a scale-up
+    assert downs[0].time - ups[-1].time >= 30
     # the added replicas held GPUs from the decision on: more GPU time than the static pool of 2
     assert result.gpu_seconds > 2 * result.makespan
     assert result.records[-1].decode_pod is not None
@@ -169,7 +167,7 @@ def test_comparison_reports_ratios_against_colocated(tmp_path: Path) -> None:
     budget = Budget(
         replicas=3, prefill_replicas=1, model_load_seconds=5, interval_seconds=5, window_seconds=10
     )
-    names = [*(n for n in SCENARIO_NAMES if n not in SEARCHED), "autoscaled"]
+    names = [*(n for n in SCENARIO_NAMES if n not in SEARCHED), "planner"]
     scenarios = build_scenarios(budget, slo, names)
     assert [s.name for s in scenarios] == names
     results, summaries = compare(scenarios, H100, mixed_trace(80, 0.1), slo)

@@ -67,13 +67,7 @@ def test_prefill_goes_to_zero_and_comes_back_for_long_prompts() -> None:
     assert result.records[-1].route == "disaggregated"
 
 
-def test_planner_and_latency_rule_are_exclusive() -> None:
-    from inferencepool.sim.compare import Budget, build_scenarios
-    from inferencepool.sim.report import Slo
-
-    [rule] = build_scenarios(Budget(replicas=2, prefill_replicas=1), Slo(0.8, 0.04), ["autoscaled"])
-    with pytest.raises(ValueError, match="one autoscaler per pool"):
-        Scenario("both", "LengthAware", 1, 1, autoscaling=rule.autoscaling, planner=planned(1))
+def test_a_pool_starts_without_prefill_only_where_the_planner_may_take_it_to_zero() -> None:
     with pytest.raises(ValueError, match="needs at least one prefill replica"):
         Scenario("zero", "LengthAware", 0, 1, planner=planned(1))
     assert Scenario("zero", "LengthAware", 0, 1, planner=planned(0)).prefill_replicas == 0

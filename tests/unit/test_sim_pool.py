@@ -31,7 +31,7 @@ def test_the_example_spec_maps_as_the_operator_maps_it() -> None:
     assert (scenario.prefill_chunk_tokens, scenario.decode_chunk_tokens) == (None, 1024)
     assert (scenario.prefill_max_num_seqs, scenario.decode_max_num_seqs) == (None, None)
     assert (scenario.lmcache_cpu_gib, scenario.lmcache_p2p) == (20.0, True)
-    assert scenario.planner is not None and scenario.autoscaling is None
+    assert scenario.planner is not None
     settings = scenario.planner.settings
     assert (settings.prefill.min_replicas, settings.prefill.max_replicas) == (1, 8)
     assert (settings.decode.min_replicas, settings.decode.max_replicas) == (2, 16)
@@ -89,3 +89,29 @@ def test_the_deployed_scenario_lends_to_the_prefill_pod_when_the_spec_allows_it(
     assert bool(lent) is lending
     assert all(r.reason == "decode_saturated" for r in lent)
     assert all(r.decode_pod is not None and "prefill" in r.decode_pod for r in lent)
+
+
+def test_the_simulator_prefills_on_an_idle_decode_pod_for_a_busy_one_while_the_prefill_pod_queues() -> None:
+    """Long prompts sharing a 4096-token prefix (their decodes go to the pod holding it) faster than the one
+    prefill pod takes them: with roleLending the other, idle decode pod prefills one for the busy one (reason
+    prefill_saturated), which loads its KV; every request finishes once with all its tokens."""
+    from inferencepool.sim.cluster import simulate
+
+    document = load_pool(EXAMPLE).model_dump(by_alias=True, exclude_none=True)
+    document["spec"]["router"]["roleLending"] = True
+    document["spec"].pop("kvCache")
+    pool = InferencePool.model_validate(document)
+    scenario = deployed_scenario(pool, replicas={"prefill": 1, "decode": 2}, autoscale=False)
+    shared = tuple(range(1, 9))  # 8 Mooncake blocks of 512 tokens
+    trace = [
+        TraceRequest(i * 0.05, 18 * 512, 300, shared + tuple(range(100 + 10 * i, 110 + 10 * i)))
+        for i in range(40)
+    ]
+    result = simulate(scenario, deployed_profile(pool, H100), trace)
+    for record in result.records:
+        assert record.finishes == 1 and record.completed and record.tokens_received == record.output_tokens
+    peer = [r for r in result.records if r.reason == "prefill_saturated"]
+    assert peer and all(r.route == "disaggregated" for r in peer)
+    for record in peer:
+        assert record.prefill_pod is not None and "decode" in record.prefill_pod
+        assert record.decode_pod is not None and record.decode_pod != record.prefill_pod

@@ -35,7 +35,6 @@ def seen(result: ScenarioResult) -> list[tuple[object, ...]]:
         ("azure-conv", "colocated"),
         ("azure-conv", "static-pd"),
         ("azure-conv", "colocated-tuned"),
-        ("azure-conv", "autoscaled"),
         ("azure-conv", "planner"),
         ("azure-conv", "deployed"),
         ("mooncake-conv", "static-pd"),

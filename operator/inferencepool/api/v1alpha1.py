@@ -42,6 +42,12 @@ DEFAULT_ADAPTIVE_MAX_TOKENS: Final = 16384
 DEFAULT_MIN_REPLICAS: Final = 1
 DEFAULT_TENSOR_PARALLEL_SIZE: Final = 1
 DEFAULT_CPU_OFFLOAD_GIB: Final = 5
+# Overload shedding (spec.router.overload): each pool's queue in the router, and the Retry-After of a 429.
+DEFAULT_QUEUED_REQUESTS: Final = 64
+MAX_QUEUED_REQUESTS: Final = 4096
+MAX_QUEUE_MILLISECONDS: Final = 600_000
+DEFAULT_RETRY_AFTER_SECONDS: Final = 1
+MAX_RETRY_AFTER_SECONDS: Final = 3600
 # The decode pool's prefill chunk (vLLM --max-num-batched-tokens; decode pods also prefill the prompts routed
 # to them directly): the largest chunk whose prefill step fits the ITL target, measured in the simulator for
 # Llama-3.1-8B on H100 (512 at 25 ms, 1024 at 40 ms; `inferencepool sim` chunk_for_itl). vLLM's own default
@@ -105,7 +111,6 @@ POOL_ROLES: Final[tuple[PoolRole, ...]] = ("prefill", "decode")
 RoutingPolicy = Literal["LengthAware", "AlwaysDisaggregate", "Colocated"]
 KVConnector = Literal["Nixl", "LMCachePD"]
 ConditionStatus = Literal["True", "False", "Unknown"]
-ScalingPolicy = Literal["Planner", "Latency"]
 ScalingMode = Literal["Operator", "External"]
 
 # Condition types the operator reports (Kubernetes API conventions: CamelCase).
@@ -378,28 +383,21 @@ class LatencyTarget(SpecModel):
 
 
 class Autoscaling(SpecModel):
-    """Latency-driven autoscaling of one pool. While on, the operator's autoscaler owns the replica count
-    (mode Operator) or recommends it to an HPA or KEDA that does (mode External)."""
+    """Autoscaling of one pool by the SLA planner: replicas from the measured load (router and engine
+    counters) over what one replica carries at the latency target, sized one model load ahead, with the
+    observed percentile against the target as feedback. While on, the operator's autoscaler owns the replica
+    count (mode Operator) or recommends it to an HPA or KEDA that does (mode External)."""
 
     enabled: bool = Field(
         default=True,
         description="Scale on the target. Defaults to true; false keeps the block but pins replicas.",
     )
-    policy: ScalingPolicy = Field(
-        default="Planner",
-        description=(
-            "How replicas are decided. Planner (default): from the measured load (router and engine "
-            "counters) over what one replica carries at the target, sized one model load ahead, with the "
-            "observed percentile against the target as feedback. Latency: the HPA rule on the observed "
-            "percentile alone (ceil(replicas x observed / target), stabilization and step limits)."
-        ),
-    )
     mode: ScalingMode = Field(
         default="Operator",
         description=(
             "Operator (default): the operator writes the StatefulSet's replicas. External: an HPA or KEDA "
-            "does, and the operator only exports its observed percentile, target and recommended replicas "
-            "as metrics (inferencepool_pool_*) and in status."
+            "does, and the operator only exports its observed percentile, target "
+            "and the planner's recommended replicas as metrics (inferencepool_pool_*) and in status."
         ),
     )
     min_replicas: int = Field(
@@ -407,7 +405,7 @@ class Autoscaling(SpecModel):
         ge=0,
         le=MAX_REPLICAS,
         description=(
-            "Fewest replicas. Defaults to 1. Must be <= maxReplicas. 0 (prefill with policy Planner only): "
+            "Fewest replicas. Defaults to 1. Must be <= maxReplicas. 0 (prefill only): "
             "the prefill pool goes while disaggregation does not pay, the decode pods serve colocated, and "
             "it comes back when long prompts and load make it pay."
         ),
@@ -429,32 +427,29 @@ class Autoscaling(SpecModel):
         default=10,
         ge=0,
         le=100,
-        description="No scaling while latency is within this percentage of the target. Defaults to 10.",
-    )
-    scale_up_stabilization_seconds: int = Field(
-        default=0,
-        ge=0,
-        le=MAX_SECONDS,
-        description="Scale up only if every decision in this window asked for more. Defaults to 0.",
+        description=(
+            "How far over the target the observed percentile may be before the planner treats it as missed "
+            "(its latency factor grows, and one replica is added when no more are planned). Defaults to 10."
+        ),
     )
     scale_down_stabilization_seconds: int = Field(
         default=300,
         ge=0,
         le=MAX_SECONDS,
-        description="Scale down only to the highest count asked for in this window. Defaults to 300.",
+        description=(
+            "No scale-down within this many seconds of a scale-up or of the planner's start (the evidence "
+            "a scale-down waits for); scale-downs go one replica per decision. Defaults to 300."
+        ),
     )
     max_scale_up_replicas: int = Field(
         default=4, ge=1, le=MAX_REPLICAS, description="Most replicas added by one decision. Defaults to 4."
-    )
-    max_scale_down_replicas: int = Field(
-        default=1, ge=1, le=MAX_REPLICAS, description="Most replicas removed by one decision. Defaults to 1."
     )
     model_load_seconds: int = Field(
         default=120,
         ge=0,
         le=MAX_SECONDS,
         description=(
-            "Seconds from a scale-up to the new pod serving (image pull and model load). Policy Planner "
+            "Seconds from a scale-up to the new pod serving (image pull and model load). The planner "
             "sizes the pool for the load forecast that far ahead. Defaults to 120."
         ),
     )
@@ -485,7 +480,7 @@ class PrefillDecodeRatio(SpecModel):
 
 
 class PoolScaling(SpecModel):
-    """Bounds across both pools that the SLA planner (autoscaling policy Planner) holds. A decision a bound
+    """Bounds across both pools that the SLA planner (prefill or decode autoscaling) holds. A decision a bound
     limits says so in its reason (RatioBound, BudgetLimited) in status and its event."""
 
     prefill_decode_ratio: PrefillDecodeRatio | None = Field(
@@ -572,7 +567,7 @@ class PoolSpec(SpecModel):
         default_factory=Scheduling, description="Node selection for the pool's pods."
     )
     autoscaling: Autoscaling | None = Field(
-        default=None, description="Latency-driven autoscaling. Off when absent."
+        default=None, description="Autoscaling by the SLA planner. Off when absent."
     )
 
     def autoscales(self) -> bool:
@@ -687,6 +682,50 @@ class AdaptiveThreshold(SpecModel):
     )
 
 
+class Overload(SpecModel):
+    """Shed load past what the pools serve within the TTFT target: a bounded queue per pool in the router,
+    and an OpenAI-style 429 with Retry-After past it."""
+
+    enabled: bool = Field(
+        default=False,
+        description=(
+            "Hold each pool to the requests its engines run without queueing (learned from their metrics) "
+            "and queue the rest in the router, a queue per pool (decode for every request, prefill too for "
+            "those that go through it), highest X-Inferencepool-Priority header (0-9) first; answer 429 with "
+            "Retry-After when a pool's queue is full, shedding the lowest priority first. "
+            "Defaults to false: every request waits inside the engines however long."
+        ),
+    )
+    max_queued_requests: int = Field(
+        default=DEFAULT_QUEUED_REQUESTS,
+        ge=0,
+        le=MAX_QUEUED_REQUESTS,
+        description=(
+            "The most requests each pool's queue holds. The router holds fewer while the pool's measured "
+            "speed says fewer would get a slot within maxQueueMilliseconds. "
+            f"Defaults to {DEFAULT_QUEUED_REQUESTS}."
+        ),
+    )
+    max_queue_milliseconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_QUEUE_MILLISECONDS,
+        description=(
+            "The longest a request waits in the router for a slot; then it is answered 429. Must be less "
+            "than prefill.autoscaling.target.ttftMilliseconds. Defaults to half the TTFT target (800 ms "
+            "when the prefill pool has none), so that the wait and the prefill fit within it."
+        ),
+    )
+    retry_after_seconds: int = Field(
+        default=DEFAULT_RETRY_AFTER_SECONDS,
+        ge=1,
+        le=MAX_RETRY_AFTER_SECONDS,
+        description=(
+            f"The Retry-After header of a 429, in seconds. Defaults to {DEFAULT_RETRY_AFTER_SECONDS}."
+        ),
+    )
+
+
 class RouterSpec(SpecModel):
     """The pool's OpenAI-compatible entry point, which decides per request whether to use the prefill pool."""
 
@@ -732,6 +771,10 @@ class RouterSpec(SpecModel):
             "prefill.maxNumBatchedTokens is set), so the decodes they take keep the ITL target. "
             "Defaults to false."
         ),
+    )
+    overload: Overload = Field(
+        default_factory=Overload,
+        description="Shed load (429) past what the pools serve within the TTFT target. Off by default.",
     )
     resources: dict[str, Any] = Field(
         default_factory=dict, description="Router container resources (Kubernetes ResourceRequirements)."
@@ -851,8 +894,8 @@ class InferencePoolSpec(SpecModel):
     scaling: PoolScaling | None = Field(
         default=None,
         description=(
-            "Bounds across both pools for the SLA planner (autoscaling policy Planner): a prefill:decode "
-            "ratio and a GPU budget. Only with policy Planner on prefill or decode."
+            "Bounds across both pools for the SLA planner: a prefill:decode ratio and a GPU budget. Only "
+            "with prefill or decode autoscaling."
         ),
     )
     network_policy: NetworkPolicySpec = Field(
@@ -1044,38 +1087,28 @@ def _pool_rules(role: PoolRole) -> list[SpecRule]:
         gpus = spec.pool(role).gpus_per_replica
         return gpus is None or gpus == 0 or gpus >= spec.tensor_parallel_size(role)
 
-    def zero_only_where_it_can_return(spec: InferencePoolSpec) -> bool:
+    def zero_only_for_prefill(spec: InferencePoolSpec) -> bool:
         a = scaling_of(spec)
-        if a is None or a.min_replicas >= 1:
-            return True
-        return role == "prefill" and (a.policy == "Planner" or a.mode == "External")
+        return a is None or a.min_replicas >= 1 or role == "prefill"
 
     in_pool = f"has(self.{role}) && "
-    policy = f"(has({scaling}.policy) ? {scaling}.policy : 'Planner')"
-    mode = f"(has({scaling}.mode) ? {scaling}.mode : 'Operator')"
-    zero_rule = (
-        SpecRule(
-            field=f"{role}.autoscaling.minReplicas",
-            cel=(
-                f"!({in_pool}{has_scaling}) || {min_replicas} >= 1 || "
-                f"{policy} == 'Planner' || {mode} == 'External'"
-            ),
-            message=(
-                f"spec.{role}.autoscaling.minReplicas may be 0 only with policy Planner or mode External "
-                "(the Latency rule reads no latency from a pool without pods, so it could not bring it back)"
-            ),
-            holds=zero_only_where_it_can_return,
-        )
+    # the planner takes the prefill pool to zero and back (the decode pods serve colocated meanwhile)
+    zero_rules = (
+        []
         if role == "prefill"
-        else SpecRule(
-            field=f"{role}.autoscaling.minReplicas",
-            cel=f"!({in_pool}{has_scaling}) || {min_replicas} >= 1",
-            message=f"spec.{role}.autoscaling.minReplicas must be >= 1 (decode pools do not scale to zero)",
-            holds=zero_only_where_it_can_return,
-        )
+        else [
+            SpecRule(
+                field=f"{role}.autoscaling.minReplicas",
+                cel=f"!({in_pool}{has_scaling}) || {min_replicas} >= 1",
+                message=(
+                    f"spec.{role}.autoscaling.minReplicas must be >= 1 (decode pools do not scale to zero)"
+                ),
+                holds=zero_only_for_prefill,
+            )
+        ]
     )
     return [
-        zero_rule,
+        *zero_rules,
         SpecRule(
             field=f"{role}.autoscaling.minReplicas",
             cel=f"!({in_pool}{has_scaling}) || {min_replicas} <= {scaling}.maxReplicas",
@@ -1138,7 +1171,31 @@ def _router_rules() -> list[SpecRule]:
         threshold_tokens = spec.router.prefill_threshold_tokens
         return not bounds.enabled or bounds.min_tokens <= threshold_tokens <= bounds.max_tokens
 
+    overload_wait = "self.router.overload.maxQueueMilliseconds"
+    ttft = "self.prefill.autoscaling.target.ttftMilliseconds"
+    has_wait = f"has(self.router) && has(self.router.overload) && has({overload_wait})"
+    has_ttft = (
+        "has(self.prefill) && has(self.prefill.autoscaling) && has(self.prefill.autoscaling.target) "
+        f"&& has({ttft})"
+    )
+
+    def wait_within_ttft(spec: InferencePoolSpec) -> bool:
+        wait = spec.router.overload.max_queue_milliseconds
+        scaling = spec.prefill.autoscaling
+        target = scaling.target.ttft_milliseconds if scaling is not None else None
+        return wait is None or target is None or wait < target
+
     return [
+        SpecRule(
+            field="router.overload.maxQueueMilliseconds",
+            cel=f"!({has_wait} && {has_ttft}) || {overload_wait} < {ttft}",
+            message=(
+                "spec.router.overload.maxQueueMilliseconds must be less than "
+                "spec.prefill.autoscaling.target.ttftMilliseconds: a request held that long in the router "
+                "misses its TTFT target before its prefill starts"
+            ),
+            holds=wait_within_ttft,
+        ),
         SpecRule(
             field="router.adaptiveThreshold.minTokens",
             cel=f"!({has_adaptive}) || {min_tokens} <= {max_tokens}",
@@ -1369,16 +1426,16 @@ def _engine_rules() -> list[SpecRule]:
 
 def _scaling_rules() -> list[SpecRule]:
     """spec.scaling: ordered ratio bounds, a budget that holds both pools' minimums, and a planner to hold
-    them (the Latency rule sizes each pool alone)."""
+    them (a pool that autoscales)."""
     ratio = "self.scaling.prefillDecodeRatio"
     has_ratio = f"has(self.scaling) && has({ratio})"
     has_budget = "has(self.scaling) && has(self.scaling.gpuBudget)"
 
     def role_cel(role: PoolRole) -> tuple[str, str, str]:
-        """CEL for (planned by the Planner, the fewest replicas, GPUs per replica) of one role."""
+        """CEL for (planned by the planner, the fewest replicas, GPUs per replica) of one role."""
         pool, scaling = f"self.{role}", f"self.{role}.autoscaling"
         on = f"has(self.{role}) && has({scaling}) && {_or_default(f'{scaling}.enabled', True)}"
-        planner = f"({on} && (has({scaling}.policy) ? {scaling}.policy : 'Planner') == 'Planner')"
+        planner = f"({on})"
         replicas = f"(has(self.{role}) && has({pool}.replicas) ? {pool}.replicas : 1)"
         fewest = f"({on} ? {_or_default(f'{scaling}.minReplicas', DEFAULT_MIN_REPLICAS)} : {replicas})"
         gpus = (
@@ -1401,8 +1458,7 @@ def _scaling_rules() -> list[SpecRule]:
 
     def planned_somewhere(spec: InferencePoolSpec) -> bool:
         return spec.scaling is None or any(
-            (a := spec.pool(role).autoscaling) is not None and a.enabled and a.policy == "Planner"
-            for role in POOL_ROLES
+            (a := spec.pool(role).autoscaling) is not None and a.enabled for role in POOL_ROLES
         )
 
     return [
@@ -1430,8 +1486,8 @@ def _scaling_rules() -> list[SpecRule]:
             field="scaling",
             cel=f"!has(self.scaling) || {p_planner} || {d_planner}",
             message=(
-                "spec.scaling needs prefill or decode autoscaling with policy Planner (the Latency rule "
-                "sizes each pool alone and would ignore it)"
+                "spec.scaling needs prefill or decode autoscaling (its bounds are the planner's, and the "
+                "planner runs only while a pool autoscales)"
             ),
             holds=planned_somewhere,
         ),
@@ -1484,7 +1540,9 @@ class ScalingDecision(StatusModel):
 
     from_replicas: int = Field(ge=0, description="Replicas before the decision.")
     replicas: int = Field(ge=0, description="Replicas decided.")
-    reason: str = Field(min_length=1, description="Why, in CamelCase (e.g. TargetExceeded, BelowTarget).")
+    reason: str = Field(
+        min_length=1, description="Why, in CamelCase (e.g. ForecastUp, ForecastDown, LatencyGuard)."
+    )
     message: str = Field(default="", description="The figures behind the decision.")
     time: datetime = Field(description="When the decision was made.")
     wanted_replicas: int | None = Field(
@@ -1494,20 +1552,20 @@ class ScalingDecision(StatusModel):
         default=None,
         ge=0,
         description=(
-            "Policy Planner: measured demand, in thousandths of an engine (1000 = one replica busy all the "
+            "Measured demand, in thousandths of an engine (1000 = one replica busy all the "
             "time), corrected by the observed utilisation."
         ),
     )
     forecast_milli_engines: int | None = Field(
-        default=None, ge=0, description="Policy Planner: demand forecast one model load ahead, with headroom."
+        default=None, ge=0, description="Demand forecast one model load ahead, with headroom."
     )
     capacity_milli_engines_per_replica: int | None = Field(
-        default=None, ge=0, description="Policy Planner: what one replica carries at the latency target."
+        default=None, ge=0, description="What one replica carries at the latency target."
     )
     correction_percent: int | None = Field(
         default=None,
         ge=0,
-        description="Policy Planner: observed / predicted utilisation (100 = as modelled).",
+        description="Observed / predicted utilisation (100 = as modelled).",
     )
     observed_milliseconds: int | None = Field(
         default=None, ge=0, description="The pool's latency at the target percentile when it decided."
@@ -1530,7 +1588,10 @@ class PoolStatus(StatusModel):
     observed_milliseconds: int | None = Field(
         default=None,
         ge=0,
-        description="Latency at the target percentile over the last window (prefill: TTFT, decode: ITL).",
+        description=(
+            "Latency at the target percentile over the last window (prefill: TTFT; decode: the requests' "
+            "time per output token, or the token gaps from engines that do not export it)."
+        ),
     )
     target_milliseconds: int | None = Field(
         default=None, ge=0, description="The latency target, when autoscaling."
@@ -1543,7 +1604,7 @@ class PoolStatus(StatusModel):
         default=None,
         ge=0,
         description=(
-            "The autoscaler's latest recommendation (what it writes in mode Operator, what an HPA or KEDA "
+            "The planner's latest recommendation (what it writes in mode Operator, what an HPA or KEDA "
             "may act on in mode External)."
         ),
     )
@@ -1586,6 +1647,15 @@ class RouterStatus(StatusModel):
         description=(
             "Share of recent requests served whole on prefill engines while every decode engine queued "
             "(router.roleLending), in percent."
+        ),
+    )
+    peer_prefill_percent: int | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description=(
+            "Share of recent requests whose prompt an idle decode engine prefilled for another decode engine "
+            "while every prefill engine queued (router.roleLending), in percent."
         ),
     )
 

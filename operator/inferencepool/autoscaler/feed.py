@@ -15,7 +15,9 @@ Per router pod: requests and prompt tokens by route (`inferencepool_router_reque
 (route="direct") over the percentile window; and the prompts the router sent direct only because the prefill
 pool was busy (`inferencepool_router_disaggregation_decisions{reason="prefill_busy"}` and
 `..._decision_prompt_tokens`): they count as demand for the prefill pool, not for decode (the policy wanted
-them prefilled there), and as work the decode pods did. And, per pool, the most prompt tokens that arrived in
+them prefilled there), and as work the decode pods did; so do the prompts a peer decode pod prefilled for
+another because the prefill pool queued (role lending, reason `prefill_saturated`, on the disaggregated route:
+the prefill engines' own count does not hold them). And, per pool, the most prompt tokens that arrived in
 one of the router's fixed windows over the interval (`inferencepool_router_window_prompt_tokens`, a histogram
 of each window's total by pool): the bursts the planner holds capacity for.
 
@@ -65,8 +67,12 @@ ROUTER_TTFT = "inferencepool_router_time_to_first_token_seconds"
 ROUTER_DECISIONS = "inferencepool_router_disaggregation_decisions"
 ROUTER_DECISION_TOKENS = "inferencepool_router_disaggregation_decision_prompt_tokens"
 ROUTER_WINDOW_TOKENS = "inferencepool_router_window_prompt_tokens"
+ROUTER_SHED_REQUESTS = "inferencepool_router_shed_demand_requests"
+ROUTER_SHED_TOKENS = "inferencepool_router_shed_demand_prompt_tokens"
 WINDOW_POOLS = ("prefill", "direct")  # the pool label, in RouteLoad order: (to the prefill pool, direct)
 BYPASS_REASON = "prefill_busy"  # long prompts sent direct because the prefill pool's queue was too long
+PEER_REASON = "prefill_saturated"  # long prompts prefilled on a peer decode pod (role lending)
+BYPASS_REASONS = (BYPASS_REASON, PEER_REASON)
 ROUTES = ("direct", "disaggregated", "fallback", "lent")
 
 
@@ -172,8 +178,11 @@ class RouterSample:
 
     requests: Counts
     prompt_tokens: Counts | None
-    # (requests, prompt tokens) sent direct because the prefill pool was busy; a detail of `requests`
+    # requests by BYPASS_REASONS, then their prompt tokens: sent direct because the prefill pool was busy, and
+    # prefilled on a peer decode pod because it queued (role lending); a detail of `requests`
     bypassed: Counts | None = field(default=None, compare=False)
+    # requests shed (429) by the route they would have taken, then their prompt tokens: demand no engine saw
+    shed: Counts | None = field(default=None, compare=False)
     # the arrival windows' totals by pool (prefill, direct), cumulative as read
     windows: tuple[Histogram, Histogram] | None = field(default=None, compare=False)
     # after `minus`: the largest window of the interval by pool; summed over routers (each saw a share of
@@ -187,11 +196,14 @@ class RouterSample:
         bypassed = self.bypassed
         if bypassed is not None and earlier.bypassed is not None:
             bypassed = bypassed.minus(earlier.bypassed)
+        shed = self.shed
+        if shed is not None and earlier.shed is not None:
+            shed = shed.minus(earlier.shed)
         windows, burst = self.windows, None
         if windows is not None and earlier.windows is not None:
             prefill, direct = (now.minus(then) for now, then in zip(windows, earlier.windows, strict=True))
             windows, burst = (prefill, direct), (largest_window(prefill), largest_window(direct))
-        return RouterSample(self.requests.minus(earlier.requests), tokens, bypassed, windows, burst)
+        return RouterSample(self.requests.minus(earlier.requests), tokens, bypassed, shed, windows, burst)
 
     def plus(self, other: RouterSample) -> RouterSample:
         tokens = (
@@ -202,6 +214,7 @@ class RouterSample:
         bypassed = (
             None if self.bypassed is None or other.bypassed is None else self.bypassed.plus(other.bypassed)
         )
+        shed = None if self.shed is None or other.shed is None else self.shed.plus(other.shed)
         burst = None
         if self.burst_tokens is not None and other.burst_tokens is not None:
             prefill, direct = (
@@ -209,7 +222,7 @@ class RouterSample:
                 for a, b in zip(self.burst_tokens, other.burst_tokens, strict=True)
             )
             burst = (prefill, direct)
-        return RouterSample(self.requests.plus(other.requests), tokens, bypassed, None, burst)
+        return RouterSample(self.requests.plus(other.requests), tokens, bypassed, shed, None, burst)
 
 
 def read_router(page: Page) -> tuple[RouterSample | None, Histogram | None]:
@@ -217,12 +230,19 @@ def read_router(page: Page) -> tuple[RouterSample | None, Histogram | None]:
     direct route (None without it)."""
     requests = read_counts(page, ROUTER_REQUESTS, "route", ROUTES)
     tokens = read_counts(page, ROUTER_PROMPT_TOKENS, "route", ROUTES)
-    decisions = read_counts(page, ROUTER_DECISIONS, "reason", (BYPASS_REASON,))
-    decision_tokens = read_counts(page, ROUTER_DECISION_TOKENS, "reason", (BYPASS_REASON,))
+    decisions = read_counts(page, ROUTER_DECISIONS, "reason", BYPASS_REASONS)
+    decision_tokens = read_counts(page, ROUTER_DECISION_TOKENS, "reason", BYPASS_REASONS)
     bypassed = (
         None
         if decisions is None or decision_tokens is None
         else Counts((*decisions.values, *decision_tokens.values))
+    )
+    shed_requests = read_counts(page, ROUTER_SHED_REQUESTS, "route", ROUTES)
+    shed_tokens = read_counts(page, ROUTER_SHED_TOKENS, "route", ROUTES)
+    shed = (
+        None
+        if shed_requests is None or shed_tokens is None
+        else Counts((*shed_requests.values, *shed_tokens.values))
     )
     windows = page.get(ROUTER_WINDOW_TOKENS)
     prefill_windows, direct_windows = (
@@ -246,7 +266,7 @@ def read_router(page: Page) -> tuple[RouterSample | None, Histogram | None]:
         both = (
             None if prefill_windows is None or direct_windows is None else (prefill_windows, direct_windows)
         )
-        sample = RouterSample(requests, tokens, bypassed, both)
+        sample = RouterSample(requests, tokens, bypassed, shed, both)
     return sample, direct
 
 
@@ -445,25 +465,42 @@ def _routes(
     router: RouterSample | None, prefill: EngineSample | None, decode: EngineSample | None
 ) -> tuple[RouteLoad | None, RouteLoad | None, RouteLoad | None, RouteLoad | None]:
     """(to the prefill pool, direct, bypassed, lent) prompts and their tokens over the interval. Bypassed
-    prompts (sent direct because the prefill pool was busy) are in the first, not the second; lent prompts
-    (served whole on a prefill pod because the decodes queued) in the second, not the first."""
+    prompts (sent direct because the prefill pool was busy, or prefilled on a peer decode pod because it
+    queued: prefill demand, work the decode pods did) are in the first, not the second; lent prompts (served
+    whole on a prefill pod because the decodes queued) in the second, not the first."""
     if router is None:
         return None, None, None, None
     n_direct, n_disaggregated, n_fallback, n_lent = (round(v) for v in router.requests.values)
     if router.prompt_tokens is not None:
         t_direct, t_disaggregated, t_fallback, t_lent = (round(v) for v in router.prompt_tokens.values)
+        n_peer = t_peer = 0
+        if router.bypassed is not None:
+            # counted at the decision, the route at its decode leg: never more than the route's
+            n_peer = min(n_disaggregated, round(router.bypassed.values[1]))
+            t_peer = min(t_disaggregated, round(router.bypassed.values[3]))
         if prefill is not None and n_disaggregated:
             # the prefill engines' own count: exact, where the router may only estimate; it includes the
-            # lent prompts they computed (at most their routed size)
-            t_disaggregated = max(0, round(prefill.computed_tokens) - t_lent)
+            # lent prompts they computed (at most their routed size), not those peer decode pods computed
+            t_disaggregated = max(0, round(prefill.computed_tokens) - t_lent) + t_peer
         bypassed = None
         if router.bypassed is not None:
-            # counted at the decision, the route at its decode leg: never more than the direct route's
             n_bypassed = min(n_direct, round(router.bypassed.values[0]))
-            t_bypassed = min(t_direct, round(router.bypassed.values[1]))
-            bypassed = RouteLoad(n_bypassed, t_bypassed)
+            t_bypassed = min(t_direct, round(router.bypassed.values[2]))
+            bypassed = RouteLoad(n_bypassed + n_peer, t_bypassed + t_peer)
             n_direct, t_direct = n_direct - n_bypassed, t_direct - t_bypassed
             n_fallback, t_fallback = n_fallback + n_bypassed, t_fallback + t_bypassed
+        if router.shed is not None:
+            # shed before any engine saw them: demand of the pool each would have run on
+            s_direct, s_disaggregated, s_fallback, s_lent, u_direct, u_disaggregated, u_fallback, u_lent = (
+                round(v) for v in router.shed.values
+            )
+            n_disaggregated, t_disaggregated = (
+                n_disaggregated + s_disaggregated,
+                t_disaggregated + u_disaggregated,
+            )
+            n_fallback, t_fallback = n_fallback + s_fallback, t_fallback + u_fallback
+            n_direct, t_direct = n_direct + s_direct, t_direct + u_direct
+            n_lent, t_lent = n_lent + s_lent, t_lent + u_lent
         b_prefill, b_direct = router.burst_tokens or (None, None)
         return (
             RouteLoad(

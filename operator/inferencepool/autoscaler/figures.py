@@ -33,3 +33,6 @@ class AutoscalerFigures:
     threshold_tokens: int | None = None  # the routers' live threshold, while it adapts
     limits: ScalingLimits | None = None  # None: nothing autoscales
     lent_percent: int | None = None  # of the routers' requests, served whole on prefill pods (role lending)
+    peer_prefill_percent: int | None = (
+        None  # of the routers' requests, prefilled on a peer decode pod (lending)
+    )

@@ -1,9 +1,9 @@
 """A pool's spec as the planner's settings and capacity seed (pure).
 
-The planner plans both roles at once. A role that autoscales with policy Planner is bounded by its own
-min/max; any other role (fixed, or on the Latency rule) is pinned at its current count, so the planner only
-accounts for it. Targets: each role's own; a role without one borrows a loose stand-in, since the planner
-needs both to size the other (the decode pods' TTFT cap on direct prompts, say).
+The planner plans both roles at once. A role that autoscales is bounded by its own min/max; a role that does
+not is pinned at its current count, so the planner only accounts for it. Targets: each role's own; a role
+without one borrows a loose stand-in, since the planner needs both to size the other (the decode pods' TTFT
+cap on direct prompts, say).
 
 The capacity table is seeded from the engine profile the pool runs (the fake engine's FAKE_ENGINE_PROFILE
 and FAKE_ENGINE_TIME_SCALE; else llama-3.1-8b-h100, the same default as `inferencepool diagnose`), at the
@@ -29,15 +29,13 @@ LOOSE_ITL_SECONDS = 0.1
 
 
 def planned(spec: InferencePoolSpec, role: PoolRole) -> Autoscaling | None:
-    """The role's autoscaling settings when it autoscales with policy Planner."""
+    """The role's autoscaling settings when it autoscales (the planner decides its replicas)."""
     autoscaling = spec.pool(role).autoscaling
-    if autoscaling is None or not autoscaling.enabled or autoscaling.policy != "Planner":
-        return None
-    return autoscaling
+    return autoscaling if autoscaling is not None and autoscaling.enabled else None
 
 
 def planner_settings(spec: InferencePoolSpec, current: dict[PoolRole, int]) -> PlannerSettings | None:
-    """The planner's settings for the pool (None when no role autoscales with policy Planner); roles it
+    """The planner's settings for the pool (None when no role autoscales); roles it
     does not decide are pinned at `current`."""
     scaled = {role: a for role in POOL_ROLES if (a := planned(spec, role)) is not None}
     if not scaled:

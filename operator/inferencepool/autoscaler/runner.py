@@ -2,12 +2,12 @@
 
 Every interval: list the ready pods, scrape each one's /metrics (the engine's and the router's own
 Prometheus pages: no Prometheus server needed), read them (feed.PoolFeed: the interval's counts, the latency
-histograms over the window), decide (the planner, planner.py, for both roles at once; or the Latency rule,
-latency_rule.py, per role), and act on the decision through one actuator (`_actuate`):
+histograms over the window), decide (the planner, planner.py, for both roles at once), and act on the
+decision through one actuator (`_actuate`):
 
 - the StatefulSet's spec.replicas, by server-side apply under labels.AUTOSCALER_FIELD_MANAGER (the operator
   renders autoscaled StatefulSets without replicas, so the two managers never fight), or, in mode External,
-  a recommendation only;
+  the planner's recommendation only;
 - an Event for every scaling.
 
 It also reads the routers' own metrics (share of requests through the prefill pool, the threshold in force),
@@ -38,6 +38,8 @@ from inferencepool.api import labels
 from inferencepool.api.pods import http_url, is_ready
 from inferencepool.api.v1alpha1 import POOL_ROLES, Autoscaling, InferencePool, PoolRole, ScalingDecision
 from inferencepool.autoscaler.feed import (
+    PEER_REASON,
+    ROUTER_DECISIONS,
     ROUTER_REQUESTS,
     ROUTES,
     PoolFeed,
@@ -48,10 +50,7 @@ from inferencepool.autoscaler.feed import (
 )
 from inferencepool.autoscaler.figures import AutoscalerFigures, RoleFigures, ScalingLimits
 from inferencepool.autoscaler.histogram import (
-    ITL_METRIC,
-    TTFT_METRIC,
     Counts,
-    Histogram,
     MetricsError,
     Page,
     PageReading,
@@ -60,9 +59,7 @@ from inferencepool.autoscaler.histogram import (
     parse_page,
     read_counts,
     read_gauge,
-    read_histogram,
 )
-from inferencepool.autoscaler.latency_rule import Decision, Recommender
 from inferencepool.autoscaler.planner import (
     BUDGET_LIMITED,
     RATIO_BOUND,
@@ -79,7 +76,6 @@ from inferencepool.kube.objects import label_selector, pool_reference
 log = logging.getLogger("inferencepool.autoscaler")
 
 SCRAPE_TIMEOUT_SECONDS = 3.0
-METRIC = {"prefill": (TTFT_METRIC, "TTFT"), "decode": (ITL_METRIC, "ITL")}
 # The router's own metrics (router/metrics.py): requests by route, and the threshold in force.
 ROUTER_THRESHOLD = "inferencepool_router_prefill_threshold_tokens"
 # How often and over how long the router is read when no pool autoscales (else: the pools' own settings).
@@ -93,8 +89,8 @@ EventSink = Callable[[dict[str, Any], str, str, str], None]
 
 @dataclass(frozen=True)
 class RoleChange:
-    """What a scaling rule decided for one role, as the actuator applies it: the replicas, why, and (the
-    planner's) the figures behind it for status."""
+    """What the planner decided for one role, as the actuator applies it: the replicas, why, and the figures
+    behind it for status."""
 
     current: int
     replicas: int
@@ -105,9 +101,6 @@ class RoleChange:
 
 @dataclass
 class _Role:
-    recommender: Recommender = field(default_factory=Recommender)
-    window: Window[Histogram] = field(default_factory=Window)
-    due: float = 0.0
     observed_milliseconds: int | None = None
     recommended: int | None = None
     told: tuple[int, int] | None = None  # mode External: (recommended, current) last posted as an event
@@ -141,10 +134,11 @@ class PoolAutoscaler:
         self._router_due = 0.0
         self.disaggregated_percent: int | None = None
         self.lent_percent: int | None = None
+        self.peer_prefill_percent: int | None = None
         self.threshold_tokens: int | None = None
         self._parsed: list[PageReading] = []  # this round's pages
         self._readings: deque[Reading] = deque()
-        # policy Planner: one planner for both roles, fed every interval
+        # one planner for both roles, fed every interval
         self._planner: Planner | None = None
         self._plan_due = 0.0
         self._planned_at: float | None = None
@@ -168,8 +162,8 @@ class PoolAutoscaler:
         return [role for role in POOL_ROLES if planned(self.pool.spec, role) is not None]
 
     def settings(self, role: PoolRole) -> Autoscaling | None:
-        autoscaling = self.pool.spec.pool(role).autoscaling
-        return autoscaling if autoscaling is not None and autoscaling.enabled else None
+        """The role's autoscaling settings while it autoscales (the planner decides its replicas)."""
+        return planned(self.pool.spec, role)
 
     @property
     def ref(self) -> PoolRef:
@@ -190,15 +184,14 @@ class PoolAutoscaler:
         if status.router is not None:
             self.disaggregated_percent = status.router.disaggregated_percent
             self.lent_percent = status.router.lent_percent
+            self.peer_prefill_percent = status.router.peer_prefill_percent
             if pool.spec.router.adaptive_threshold.enabled:
                 self.threshold_tokens = status.router.prefill_threshold_tokens
 
     def seconds_to_next(self) -> float:
-        """Until the earliest role is due (at most 1 s, so a spec change is picked up quickly)."""
+        """Until the plan or the router round is due (at most 1 s, so a spec change is picked up quickly)."""
         now = self._clock()
-        dues = [self._roles[r].due for r in POOL_ROLES if self.settings(r) is not None and r in self._roles]
-        if self._planned_roles():
-            dues.append(self._plan_due)
+        dues = [self._plan_due] if self._planned_roles() else []
         return max(0.05, min([1.0, self._router_due - now, *[due - now for due in dues]]))
 
     async def tick(self) -> bool:
@@ -209,14 +202,8 @@ class PoolAutoscaler:
         self._parsed = []
         planned_roles = self._planned_roles()
         for role in POOL_ROLES:
-            settings = self.settings(role)
-            if settings is None:
+            if self.settings(role) is None:
                 ran = ran or self._roles.pop(role, None) is not None
-                continue
-            state = self._roles.setdefault(role, _Role())
-            if role not in planned_roles and now >= state.due:
-                state.due, ran = now + settings.interval_seconds, True
-                await self._step(role, state, settings, now)
         if not planned_roles:
             self._planner, self._planned_at = None, None
         elif now >= self._plan_due:
@@ -253,16 +240,6 @@ class PoolAutoscaler:
         """The readings of the router's window, oldest first (pure: reads only)."""
         return list(self._readings)
 
-    async def _step(self, role: PoolRole, state: _Role, settings: Autoscaling, now: float) -> None:
-        """One decision of the Latency rule for one role, and the scaling it asks for."""
-        decided = await self._decide(role, state, settings, now)
-        if decided is None:
-            return
-        workload, decision = decided
-        state.limited = decision.message if decision.limited(settings) else None
-        change = RoleChange(decision.current, decision.replicas, decision.reason, decision.message)
-        await self._actuate(role, state, settings, workload, change)
-
     async def _actuate(
         self,
         role: PoolRole,
@@ -271,7 +248,7 @@ class PoolAutoscaler:
         workload: dict[str, Any],
         change: RoleChange,
     ) -> None:
-        """The one actuator of every scaling rule. Mode External: the change is only recommended (status,
+        """The one actuator. Mode External: the change is only recommended (status,
         metrics, an event when it moves). Mode Operator: the StatefulSet's replicas are written under the
         autoscaler's field manager, the decision is kept for status and a ScaledUp or ScaledDown event
         explains it."""
@@ -307,7 +284,7 @@ class PoolAutoscaler:
         state.recommended, state.told = replicas, (replicas, current)
 
     async def _plan(self, now: float, roles: list[PoolRole], window_seconds: float) -> None:
-        """Policy Planner: read both roles and the routers, plan, and act on the roles it decides."""
+        """Read both roles and the routers, plan, and act on the roles that autoscale."""
         workloads: dict[PoolRole, dict[str, Any]] = {}
         for role in POOL_ROLES:
             workload = await asyncio.to_thread(
@@ -445,7 +422,12 @@ class PoolAutoscaler:
                 parsed = parse_page(page)
                 self._parsed.append(("router", name, parsed))
                 read.append((name, parsed))
-                counts = read_counts(parsed, ROUTER_REQUESTS, "route", ROUTES)
+                routes = read_counts(parsed, ROUTER_REQUESTS, "route", ROUTES)
+                peer = read_counts(parsed, ROUTER_DECISIONS, "reason", (PEER_REASON,))
+                # by route, then the prompts prefilled on a peer decode pod (a detail of disaggregated)
+                counts = (
+                    None if routes is None else Counts((*routes.values, *(peer or Counts((0.0,))).values))
+                )
                 threshold = read_gauge(parsed, ROUTER_THRESHOLD)
             except MetricsError as error:
                 log.warning("router pod %s/%s: %s", self.namespace, name, error)
@@ -456,54 +438,15 @@ class PoolAutoscaler:
                 thresholds.append(threshold)
         self._routes.keep_only(ready_pods)
         change = self._routes.delta(now, window_seconds)
-        total = sum(change.values) if change is not None else 0.0
+        total = sum(change.values[: len(ROUTES)]) if change is not None else 0.0
         if change is not None:
             # None (not 0) for a quiet window: no requests says nothing about the split.
             self.disaggregated_percent = round(100 * change.values[1] / total) if total else None
             self.lent_percent = round(100 * change.values[3] / total) if total else None
+            self.peer_prefill_percent = round(100 * change.values[4] / total) if total else None
         if thresholds:
             self.threshold_tokens = round(sum(thresholds) / len(thresholds))
         return ready_pods, read
-
-    async def _decide(
-        self, role: PoolRole, state: _Role, settings: Autoscaling, now: float
-    ) -> tuple[dict[str, Any], Decision] | None:
-        """The role's StatefulSet as read, and the decision on its replicas (None: nothing to decide on)."""
-        workload = await asyncio.to_thread(
-            self.kube.get, "apps/v1", "StatefulSet", self.namespace, engine_name(self.ref, role)
-        )
-        if workload is None:
-            return None  # not created yet
-        current = wanted_replicas(workload)  # a rollout's surge pod is not the autoscaler's
-        ready = int(workload.get("status", {}).get("readyReplicas", 0))
-        pods = await self._pods(role)
-        state.unschedulable = _unschedulable(pods)
-        ready_pods, pages = await self._scrape_ready(pods)
-        metric, label = METRIC[role]
-        read_any = False
-        for name, page in pages:
-            try:
-                parsed = parse_page(page)
-                histogram = read_histogram(parsed, metric)
-                self._parsed.append((role, name, parsed))
-            except MetricsError as error:
-                log.warning("pod %s/%s: %s", self.namespace, name, error)
-                continue
-            if histogram is not None:
-                state.window.add(name, now, histogram)
-                read_any = True
-        state.window.keep_only(ready_pods)
-        change = state.window.delta(now, settings.window_seconds)
-        if change is None:
-            # Not two readings of any pod yet (just started, or no pod answers): nothing to decide on.
-            if not read_any:
-                log.debug("%s/%s %s: no engine metrics to read yet", self.namespace, self.name, role)
-            return None
-        observed = change.quantile(settings.target.percentile / 100)
-        state.observed_milliseconds = None if observed is None else round(observed * 1000)
-        target = self.pool.spec.target_milliseconds(role)
-        assert target is not None  # autoscaling is on, so the spec rules require the role's target
-        return workload, state.recommender.decide(now, current, ready, observed, target, settings, label)
 
     async def _pods(self, role: labels.Role) -> list[dict[str, Any]]:
         selector = label_selector(selector_labels(self.ref, role))
@@ -538,7 +481,12 @@ class PoolAutoscaler:
         }
         threshold = self.threshold_tokens if self.pool.spec.router.adaptive_threshold.enabled else None
         return AutoscalerFigures(
-            roles, self.disaggregated_percent, threshold, self._limits(), self.lent_percent
+            roles,
+            self.disaggregated_percent,
+            threshold,
+            self._limits(),
+            self.lent_percent,
+            self.peer_prefill_percent,
         )
 
     def _limits(self) -> ScalingLimits | None:

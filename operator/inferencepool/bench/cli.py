@@ -21,6 +21,14 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "inferencepool.bench.hung",
         "streams' first events and the endpoint table while a decode engine is frozen (SIGSTOP)",
     ),
+    "aborts": (
+        "inferencepool.bench.aborts",
+        "long P/D requests aborted by their clients at random points: every pod's KV back to idle, how soon",
+    ),
+    "kill": (
+        "inferencepool.bench.kill",
+        "a prefill and a decode engine killed and restarted under P/D load: failed requests, reuse",
+    ),
     "overload": (
         "inferencepool.bench.overload",
         "twice the load a pool holds: the share answered 429 and the admitted requests' TTFT",

@@ -19,15 +19,14 @@ import asyncio
 import json
 import os
 import signal
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inferencepool.bench.resume import _processes, _start
+from inferencepool.bench import harness
+from inferencepool.bench.harness import MODEL
 
-MODEL = "bench"
 MODES = ("baseline", "freeze")
 
 
@@ -98,51 +97,32 @@ async def _client(
 
 async def _states(http: Any, router: str) -> tuple[float, float]:
     """(unresponsive, serving) decode pods in the router's table."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    async with http.get(router + "/metrics") as response:
-        text = await response.text()
-    found = {"unresponsive": 0.0, "serving": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "inferencepool_router_pods" and sample.labels.get("role") == "decode":
-                state = sample.labels.get("state", "")
-                if state in found:
-                    found[state] = sample.value
-    return found["unresponsive"], found["serving"]
+    name = "inferencepool_router_pods"
+    return (
+        await harness.metric_sum(http, router, name, role="decode", state="unresponsive"),
+        await harness.metric_sum(http, router, name, role="decode", state="serving"),
+    )
 
 
 async def one_run(args: argparse.Namespace, mode: str, http: Any) -> Result:
     result = Result(mode)
-    async with _processes() as started:
-        engines = []
-        for _ in range(args.engines):
-            process, url = await _start(
-                [sys.executable, "-m", "inferencepool", "fake-engine", "serve", MODEL,
-                 "--profile", "cpu-demo", "--time-scale", str(args.time_scale),
-                 "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING"]
-            )  # fmt: skip
-            started.append(process)
-            engines.append((process, url))
+    async with harness.processes() as started:
+        engines = [
+            await harness.fake_engine(started, time_scale=args.time_scale) for _ in range(args.engines)
+        ]
         config = {
-            "static": {"prefill": [], "decode": [url for _, url in engines]},
+            "static": {"prefill": [], "decode": [engine.url for engine in engines]},
             "servedModelName": MODEL,
             "policy": "Colocated",
             "adaptiveThreshold": {"ttftTargetMilliseconds": args.ttft_target_ms},
         }
-        env = {**os.environ, "INFERENCEPOOL_ROUTER_CONFIG": json.dumps(config)}
-        process, router = await _start(
-            [sys.executable, "-m", "inferencepool", "router", "--host", "127.0.0.1", "--port", "0",
-             "--log-level", "ERROR"],
-            env,
-        )  # fmt: skip
-        started.append(process)
+        router = (await harness.start_router(started, config)).url
         began = time.monotonic()
         clients = [
             asyncio.create_task(_client(http, router, args, began, result, i)) for i in range(args.clients)
         ]
         if mode == "freeze":
-            frozen = engines[0][0]
+            frozen = engines[0].process
             await asyncio.sleep(args.freeze_at)
             stopped_at = time.monotonic()
             os.kill(frozen.pid, signal.SIGSTOP)

@@ -18,20 +18,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
-import re
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-MODEL = "bench"
+from inferencepool.bench import harness
+from inferencepool.bench.harness import MODEL
+
 MODES = ("resume", "no-resume")
+# bench overload's start-up, until it adopts the harness
+_start, _processes = harness.start, harness.processes
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -175,55 +175,9 @@ class Round:
         return self.resumed + self.router_broken if self.mode == "resume" else self.broken
 
 
-async def _start(
-    argv: list[str], env: dict[str, str] | None = None
-) -> tuple[asyncio.subprocess.Process, str]:
-    process = await asyncio.create_subprocess_exec(
-        *argv,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        env=env,
-        start_new_session=True,
-    )
-    assert process.stdout is not None
-    line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
-    match = re.search(r"listening on (\S+)", line)
-    if not match:
-        process.kill()
-        raise RuntimeError(f"{argv[3]} did not start: {line!r}")
-    drain = asyncio.create_task(_drain(process.stdout))  # a full pipe would stall the process
-    _DRAINS.add(drain)
-    drain.add_done_callback(_DRAINS.discard)
-    return process, match.group(1) if match.group(1).startswith("http") else f"http://{match.group(1)}"
-
-
-_DRAINS: set[asyncio.Task[None]] = set()
-
-
-async def _drain(stream: asyncio.StreamReader) -> None:
-    while await stream.read(65536):
-        pass
-
-
-@contextlib.asynccontextmanager
-async def _processes() -> AsyncIterator[list[asyncio.subprocess.Process]]:
-    started: list[asyncio.subprocess.Process] = []
-    try:
-        yield started
-    finally:
-        for process in started:
-            if process.returncode is None:
-                process.kill()
-            await process.wait()
-
-
 async def _engine(args: argparse.Namespace, started: list[asyncio.subprocess.Process]) -> tuple[int, str]:
-    process, url = await _start(
-        [sys.executable, "-m", "inferencepool", "fake-engine", "serve", MODEL, "--profile", "cpu-demo",
-         "--time-scale", str(args.time_scale), "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING"]
-    )  # fmt: skip
-    started.append(process)
-    return len(started) - 1, url
+    engine = await harness.fake_engine(started, time_scale=args.time_scale)
+    return len(started) - 1, engine.url
 
 
 async def _router(
@@ -235,26 +189,15 @@ async def _router(
         "policy": "Colocated",
         "resumeStreams": resume,
     }
-    env = {**os.environ, "INFERENCEPOOL_ROUTER_CONFIG": json.dumps(config)}
-    process, url = await _start(
-        [sys.executable, "-m", "inferencepool", "router", "--host", "127.0.0.1", "--port", "0",
-         "--log-level", "ERROR"],
-        env,
-    )  # fmt: skip
-    started.append(process)
-    return process, url
+    router = await harness.start_router(started, config)
+    return router.process, router.url
 
 
 async def _resumed(http: Any, router: str) -> tuple[int, int]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    async with http.get(router + "/metrics") as response:
-        text = await response.text()
+    found = await harness.metric_samples(http, router, "inferencepool_router_streams_resumed_total")
     counts = {"resumed": 0.0, "broken": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "inferencepool_router_streams_resumed_total":
-                counts[sample.labels["outcome"]] += sample.value
+    for labels, value in found:
+        counts[labels["outcome"]] += value
     return int(counts["resumed"]), int(counts["broken"])
 
 
@@ -272,7 +215,7 @@ async def references(http: Any, url: str, args: argparse.Namespace) -> list[Answ
 
 
 async def one_round(args: argparse.Namespace, mode: str, http: Any) -> Round:
-    async with _processes() as started:
+    async with harness.processes() as started:
         engines = [await _engine(args, started) for _ in range(args.engines)]
         reference = await references(http, engines[-1][1], args)
         _, router = await _router([url for _, url in engines], mode == "resume", started)

@@ -34,6 +34,7 @@ from inferencepool.router.config import (
     ENV_CONFIG,
     AdaptiveThresholdConfig,
     LMCachePDConfig,
+    OverloadConfig,
     PrefixAffinityConfig,
     RouterConfig,
 )
@@ -69,6 +70,13 @@ def router_config(pool: InferencePool, ref: PoolRef) -> RouterConfig:
         percentile=known_target.percentile if known_target is not None else defaults.percentile,
     )
     tp = spec.tensor_parallel_size("decode")  # the receivers: the decode pool's ranks
+    shedding = router.overload
+    overload = OverloadConfig(
+        enabled=shedding.enabled,
+        max_queued_requests=shedding.max_queued_requests,
+        max_queue_milliseconds=shedding.max_queue_milliseconds,  # unset: half the TTFT target, in the router
+        retry_after_seconds=shedding.retry_after_seconds,
+    )
     return RouterConfig(
         pool=ref.name,
         namespace=ref.namespace,
@@ -81,6 +89,7 @@ def router_config(pool: InferencePool, ref: PoolRef) -> RouterConfig:
         ),
         transfer_mode=spec.kv_transfer.connector,
         role_lending=spec.lends_roles(),
+        overload=overload,
         lmcache_pd=LMCachePDConfig(
             proxy_port=lmcache.PD_PROXY_PORT,
             receiver_init_ports=lmcache.pd_init_ports(tp),

@@ -5,7 +5,7 @@
   replica figures and the router's endpoint: from the last reconcile's outcome and the workloads;
 - each role's observed latency, last scaling decision and recommendation, the router's split and live
   threshold, and the ScalingLimited condition: the autoscaler's (autoscaler.figures.AutoscalerFigures);
-- status.bottleneck and the Bottleneck condition: `bottleneck_of`, the diagnosis (inferencepool.diagnosis)
+- status.bottleneck and the Bottleneck condition: `bottleneck_of`, the diagnosis (inferencepool.bottleneck)
   of the pages the autoscaler read over its window; the last one stands until a new window is read;
 - the strings `kubectl get` shows, formatted last.
 The pool's daemon writes it (one writer, one field manager).
@@ -39,11 +39,12 @@ from inferencepool.api.v1alpha1 import (
 )
 from inferencepool.autoscaler.figures import AutoscalerFigures, RoleFigures
 from inferencepool.autoscaler.histogram import Reading
+from inferencepool.bottleneck.core import diagnose
+from inferencepool.bottleneck.settings import settings_from_pool
+from inferencepool.bottleneck.sizing import size
+from inferencepool.bottleneck.status import bottleneck_condition, bottleneck_status
+from inferencepool.bottleneck.window import PodPage, PodRole, Snapshot, WindowError, window
 from inferencepool.builders.rollout import RolloutPlan
-from inferencepool.diagnosis.core import diagnose
-from inferencepool.diagnosis.settings import settings_from_pool
-from inferencepool.diagnosis.status import bottleneck_condition, bottleneck_status
-from inferencepool.diagnosis.window import PodPage, PodRole, Snapshot, WindowError, window
 
 WorkloadKey = Literal["prefill", "decode", "router", "lmcache-controller"]
 
@@ -382,6 +383,7 @@ def _router_status(
         else pool.spec.router.prefill_threshold_tokens,
         disaggregated_percent=figures.disaggregated_percent,
         lent_percent=figures.lent_percent,
+        peer_prefill_percent=figures.peer_prefill_percent,
     )
 
 
@@ -430,7 +432,7 @@ def bottleneck_of(
         return Bottleneck(document, ConditionValue("Unknown", "NoMetrics", message))
     found = {role: sum(p.role == role for p in snapshots[-1].pages) for role in POOL_ROLES}
     settings = settings_from_pool(pool, {role: count for role, count in found.items() if count})
-    diagnosis = diagnose(measured, settings)
+    diagnosis = diagnose(measured, settings, size(snapshots[0], snapshots[-1], settings))
     _, status, reason, message = bottleneck_condition(diagnosis)
     condition = ConditionValue(status, reason, message)
     return Bottleneck(bottleneck_status(diagnosis, measured.seconds), condition)

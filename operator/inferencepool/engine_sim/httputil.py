@@ -37,10 +37,15 @@ def url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-async def app_runner(app: web.Application) -> web.AppRunner:
-    """A set-up runner that cuts open connections shortly after cleanup starts."""
+async def app_runner(app: web.Application, cancel_on_disconnect: bool = False) -> web.AppRunner:
+    """A set-up runner that cuts open connections shortly after cleanup starts; with `cancel_on_disconnect`,
+    a handler whose client closed its connection is cancelled (vLLM's API server: `with_cancellation`)."""
     runner = web.AppRunner(
-        app, access_log=None, handle_signals=False, shutdown_timeout=CUT_OPEN_STREAMS_AFTER_S
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=CUT_OPEN_STREAMS_AFTER_S,
+        handler_cancellation=cancel_on_disconnect,
     )
     await runner.setup()
     return runner

@@ -110,7 +110,9 @@ class FakeEngine:
             self._runners.append(await self.pd_receiver.start())
         if self.config.pd is not None and self.config.pd.role == "sender":
             self.pd_sender = PdSender(self, self.config.pd)
-        runner = await app_runner(self.api.app())
+        # a generation whose client went away is aborted at once, whole answers too (vLLM's API server
+        # cancels the request when its connection closes), so its KV is freed and no lease holds it
+        runner = await app_runner(self.api.app(), cancel_on_disconnect=True)
         self._runners.append(runner)
         self._api_site = web.TCPSite(runner, self.config.host, self.config.port)
         await self._api_site.start()

@@ -24,13 +24,7 @@ RUNBOOK_HINT: Final = (
 )
 # Router metrics the alerts below read that the router does not export yet: agreed names, for the router to
 # export exactly (a test fails once one is exported, so that it leaves this list).
-PENDING_ROUTER_METRICS: Final = frozenset(
-    {
-        # counter, label role: requests that failed against a restarted pod's previous engine (a handshake or
-        # KV state the router had not dropped when the pod came back with a new engine id)
-        f"{ROUTER}_stale_peer_failures_total",
-    }
-)
+PENDING_ROUTER_METRICS: Final[frozenset[str]] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -86,8 +80,8 @@ ALERTS: Final = (
         "The {{ $labels.role }} pool has been above its latency target (prefill: TTFT, decode: ITL) for "
         "${latency_missed_minutes} minutes; observed {{ $value | humanizeDuration }} at the target "
         "percentile. If InferencePoolScalingLimited fires too, raise maxReplicas or add GPU nodes; otherwise "
-        "the dashboard's Scaling row shows why the autoscaler has not caught up (WaitingForReplicas: pods "
-        "still loading the model). " + RUNBOOK_HINT,
+        "the dashboard's Scaling row shows why the autoscaler has not caught up (pods still loading the "
+        "model: the Progressing condition, WaitingForReplicas). " + RUNBOOK_HINT,
     ),
     Alert(
         "InferencePoolScalingLimited",
@@ -138,13 +132,14 @@ ALERTS: Final = (
     ),
     Alert(
         "InferencePoolStalePeers",
-        f"sum by (namespace, pool, role) (increase({ROUTER}_stale_peer_failures_total[5m])) > 0",
+        f"sum by (namespace, pool, role) (increase({ROUTER}_stale_peer_failures_total[1m])) > 0",
         "stale_peer_minutes",
         "warning",
         "{{ $labels.namespace }}/{{ $labels.pool }}: requests fail against restarted {{ $labels.role }} pods",
-        "Requests keep failing against the previous engine of restarted {{ $labels.role }} pods (same name "
-        "and IP, new NIXL engine id), for ${stale_peer_minutes} minutes: the router or a decode engine kept "
-        "the old peer's handshake or KV state. Restarting the decode pods clears it; report it with the "
+        "Requests have failed against restarted {{ $labels.role }} pods (same name and IP, a new engine) in "
+        "every minute for ${stale_peer_minutes} minutes. A restart with hand-offs in flight costs a few "
+        "once (the router serves them elsewhere); failures that go on mean a decode engine kept the previous "
+        "engine's NIXL handshake or KV state. Restarting the decode pods clears it; report it with the "
         "router's log.",
     ),
     Alert(
@@ -168,8 +163,9 @@ ALERTS: Final = (
         "warning",
         "{{ $labels.namespace }}/{{ $labels.pool }}: {{ $value | humanize }}% of requests shed (429)",
         "The router answered more than ${shed_percent}% of requests with 429 for ${shed_minutes} minutes: "
-        "both pools are past their latency targets and its queues are full. Raise maxReplicas or the GPU "
-        "budget (InferencePoolScalingLimited says which), or send less load. " + RUNBOOK_HINT,
+        "a pool runs all its engines take without queueing and its queue in the router is full "
+        "(inferencepool_router_shed_requests_total by role says which pool). Raise its maxReplicas or the "
+        "GPU budget (InferencePoolScalingLimited says which), or send less load. " + RUNBOOK_HINT,
     ),
     Alert(
         "InferencePoolRolloutStalled",

@@ -174,8 +174,8 @@ ROWS: Final = (
             ),
             Panel(
                 "Autoscaler's last decision",
-                "The reason of each role's last scaling decision (e.g. TargetExceeded, BelowTarget, "
-                "NoTraffic, ForecastUp, ForecastDown, LatencyGuard, ScalingLimited); kubectl describe pdpool "
+                "The reason of each role's last scaling decision (e.g. ForecastUp, ForecastDown, "
+                "LatencyGuard, ScaleDownDelay, ScalingLimited); kubectl describe pdpool "
                 "has the figures behind it.",
                 (
                     Query(
@@ -224,7 +224,8 @@ ROWS: Final = (
                 "to pay for the transfer), prefill_busy (the prefill queue would miss the TTFT target, the "
                 "decode pod not), decode_busy and prefill_idle (a medium prompt spared a busy decode pod), "
                 "decode_saturated (role lending: served whole on a prefill pod while every decode pod "
-                "queued), no_prefill_pod.",
+                "queued), prefill_saturated (role lending: prefilled on an idle decode pod for a busy one "
+                "while every prefill pod queued), no_prefill_pod.",
                 (Query(rate(f"{ROUTER}_disaggregation_decisions", by="reason"), "{{reason}}"),),
                 unit="reqps",
                 stacked=True,
@@ -240,11 +241,17 @@ ROWS: Final = (
             ),
             Panel(
                 "Requests shed (429)",
-                "Requests per second the router answered 429 with Retry-After, by priority "
-                "(X-Inferencepool-Priority): every pool they could use was saturated (its engines queueing) "
-                "and the router's bounded queue was full, or they waited there too long. Lowest priorities "
-                "go first.",
-                (Query(rate(f"{ROUTER}_shed_requests", by="priority"), "priority {{priority}}"),),
+                "Requests per second the router answered 429 with Retry-After (router.overload), by the "
+                "pool whose queue refused them (decode, or prefill for requests going through the prefill "
+                "pool) and priority (X-Inferencepool-Priority): the pool ran all its engines run without "
+                "queueing and its bounded queue in the router was full, or they waited there past "
+                "maxQueueMilliseconds. Lowest priorities go first.",
+                (
+                    Query(
+                        rate(f"{ROUTER}_shed_requests", by="role, priority"),
+                        "{{role}} priority {{priority}}",
+                    ),
+                ),
                 unit="reqps",
                 stacked=True,
             ),

@@ -22,16 +22,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 PREFIX: Final = "inferencepool"
 ROLES: Final = ("prefill", "decode")
-# The autoscaler's decision reasons (inferencepool.autoscaler.latency_rule and .planner); anything else is
+# The autoscaler's decision reasons (inferencepool.autoscaler.planner); anything else is
 # reported as Other, so a new reason can never add unbounded series.
 DECISION_REASONS: Final = (
-    "TargetExceeded",
-    "BelowTarget",
-    "WithinTolerance",
-    "NoTraffic",
-    "WaitingForReplicas",
-    "Stabilizing",
-    "OutOfBounds",
     "ForecastUp",
     "ForecastDown",
     "LatencyGuard",
@@ -45,7 +38,7 @@ DECISION_REASONS: Final = (
     "MissingMetrics",
     "Other",
 )
-# status.bottleneck.phase (inferencepool.diagnosis); anything else is reported as Unknown.
+# status.bottleneck.phase (inferencepool.bottleneck); anything else is reported as Unknown.
 BOTTLENECK_PHASES: Final = ("Prefill", "Decode", "Interference", "KVTransfer", "None", "Unknown")
 RESULTS: Final = ("ok", "error")
 RECONCILE_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

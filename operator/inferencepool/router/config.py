@@ -18,6 +18,11 @@ from inferencepool.api.v1alpha1 import (
     DEFAULT_ADAPTIVE_MAX_TOKENS,
     DEFAULT_ADAPTIVE_MIN_TOKENS,
     DEFAULT_PREFILL_THRESHOLD_TOKENS,
+    DEFAULT_QUEUED_REQUESTS,
+    DEFAULT_RETRY_AFTER_SECONDS,
+    MAX_QUEUE_MILLISECONDS,
+    MAX_QUEUED_REQUESTS,
+    MAX_RETRY_AFTER_SECONDS,
     KVConnector,
     RoutingPolicy,
 )
@@ -185,16 +190,31 @@ class TimeoutsConfig(_Model):
 
 
 class OverloadConfig(_Model):
-    """Shedding when every pool a request may use is saturated (router/overload.py)."""
+    """A bounded queue per pool and 429 past it (router/overload.py)."""
 
     enabled: bool = False
-    queue_requests: Annotated[
-        int, Field(ge=0, description="requests held while every pool is saturated; more are answered 429")
-    ] = 64
-    queue_milliseconds: Annotated[
-        int, Field(ge=1, description="longest a request is held; then it is answered 429")
-    ] = 2000
-    retry_after_seconds: Annotated[int, Field(ge=1, description="the Retry-After of a 429")] = 1
+    max_queued_requests: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=MAX_QUEUED_REQUESTS,
+            description="the most requests each pool's queue holds (prefill, decode); the bound in force is "
+            "what the pool lets in within maxQueueMilliseconds, by its slots and the time each is held, when "
+            "lower; more are answered 429",
+        ),
+    ] = DEFAULT_QUEUED_REQUESTS
+    max_queue_milliseconds: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=MAX_QUEUE_MILLISECONDS,
+            description="longest a request waits for a slot, then it is answered 429; unset: half the TTFT "
+            "target (adaptiveThreshold.ttftTargetMilliseconds), the other half for its prefill",
+        ),
+    ] = None
+    retry_after_seconds: Annotated[
+        int, Field(ge=1, le=MAX_RETRY_AFTER_SECONDS, description="the Retry-After of a 429")
+    ] = DEFAULT_RETRY_AFTER_SECONDS
 
 
 class StaticBackends(_Model):
@@ -292,6 +312,13 @@ class RouterConfig(_Model):
             return explicit / 1000
         # below this, an engine's API server busy with other streams could miss it and look hung
         return max(self.adaptive_threshold.ttft_target_milliseconds, MIN_STREAM_HEADERS_MILLISECONDS) / 1000
+
+    def overload_wait_seconds(self) -> float:
+        """How long a request may wait in its pool's queue (overload.py) before it is answered 429."""
+        explicit = self.overload.max_queue_milliseconds
+        if explicit is not None:
+            return explicit / 1000
+        return self.adaptive_threshold.ttft_target_milliseconds / 2000
 
     def scheduling(self) -> SchedulerConfig:
         """The scheduling core's settings (the router's and the simulator's `Scheduler`)."""

@@ -10,6 +10,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -20,19 +21,27 @@ from inferencepool.router.errors import UpstreamError
 from inferencepool.router.http1 import Reply, Request, UpstreamFailure
 from inferencepool.router.legs import Legs
 from inferencepool.router.metrics import RouterMetrics
-from inferencepool.router.overload import PRIORITIES, PRIORITY_HEADER, Admission
+from inferencepool.router.overload import PRIORITIES, PRIORITY_HEADER, Admission, Shed, Slot
 from inferencepool.router.pods import Pod, Queued
-from inferencepool.router.prompt import BadRequest, Endpoint, read_prompt
+from inferencepool.router.prompt import BadRequest, Endpoint, Prompt, read_prompt
 from inferencepool.router.relay import NothingSent, Relay, Resumable
 from inferencepool.router.tokens import TokenCounter
 from inferencepool.router.transfer import ClientRequest, Transfer
 from inferencepool.scheduling.costs import PrefillSpeed
 from inferencepool.scheduling.decider import Route
-from inferencepool.scheduling.scheduler import Scheduler
+from inferencepool.scheduling.endpoint import EngineRole
+from inferencepool.scheduling.scheduler import Decision, Scheduler
 
 log = logging.getLogger("inferencepool.router")
 
 MAX_PREFIX_BLOCKS = 1024  # blocks hashed per prompt (256k tokens at 256 a block)
+
+
+def pools_of(route: Route) -> tuple[EngineRole, ...]:
+    """The pools a request on `route` takes a slot of, in the order it takes them (overload.py)."""
+    if route is Route.DISAGGREGATED:
+        return ("decode", "prefill")
+    return ("prefill",) if route is Route.LENT else ("decode",)
 
 
 def priority_of(request: Request) -> int:
@@ -69,15 +78,9 @@ class Orchestrator:
         self._block_tokens = self.scheduler.config.block_tokens
         self._stream_headers = config.stream_headers_seconds()
         self._releases: set[asyncio.Task[None]] = set()  # decode legs sent for clients that went away
-        overload = config.overload
         self.admission = (
-            Admission(
-                legs.pods,
-                config.policy == "Colocated",
-                overload.queue_requests,
-                overload.queue_milliseconds / 1000,
-            )
-            if overload.enabled and config.engine_metrics_interval_milliseconds
+            Admission(legs.pods, config.overload.max_queued_requests, config.overload_wait_seconds())
+            if config.overload.enabled and config.engine_metrics_interval_milliseconds
             else None
         )
 
@@ -89,8 +92,8 @@ class Orchestrator:
         except orjson.JSONDecodeError as error:
             raise BadRequest(f"request body is not valid JSON: {error}") from error
         prompt = read_prompt(body, endpoint, self.config.served_model_name)
-        if self.admission is not None:
-            await self.admission.admit(priority_of(request))
+        admission = self.admission
+        priority = priority_of(request) if admission is not None else 0
         block_tokens = self._block_tokens
         if block_tokens:
             tokens, keys = self.counter.measure_prefix(prompt, block_tokens, MAX_PREFIX_BLOCKS)
@@ -100,9 +103,44 @@ class Orchestrator:
         calibrator = self.calibrator
         if calibrator is not None and calibrator.wants_sample:
             calibrator.offer(endpoint, body, prompt)
-        decision = self.scheduler.schedule(
-            tokens, keys, self.legs.pods, time.monotonic(), self.threshold.threshold
-        )
+        pods = self.legs.pods
+        decision = self.scheduler.schedule(tokens, keys, pods, time.monotonic(), self.threshold.threshold)
+        if admission is None:
+            await self._route(request, reply, endpoint, started, body, prompt, tokens, decision, [])
+            return
+        # slots of the pools it runs on (overload.py); queued, it is scheduled again on the pods as they
+        # are once it has them
+        try:
+            slots = await admission.admit(pools_of(decision.route), priority)
+        except Shed:
+            self.metrics.shed_demand(decision.route, decision.reason, tokens)
+            raise
+        try:
+            if any(slot.waited for slot in slots):
+                decision = self.scheduler.schedule(
+                    tokens, keys, pods, time.monotonic(), self.threshold.threshold
+                )
+                slots = admission.readmit(slots, pools_of(decision.route))
+            await self._route(request, reply, endpoint, started, body, prompt, tokens, decision, slots)
+        finally:
+            for slot in slots:
+                slot.release()
+
+    async def _route(
+        self,
+        request: Request,
+        reply: Reply,
+        endpoint: Endpoint,
+        started: float,
+        body: dict[str, Any],
+        prompt: Prompt,
+        tokens: int,
+        decision: Decision[Pod],
+        slots: list[Slot],
+    ) -> None:
+        """Serve the request on the route decided; `slots`: the pool slots it holds (overload.py), of
+        which a disaggregated request gives back its prefill slot once its prefill leg is done."""
+        raw = request.body
         route, reason = decision.route, decision.reason
         decode_pod, prefill_pod = decision.decode, decision.prefill
         uncached = decision.uncached_tokens
@@ -121,10 +159,14 @@ class Orchestrator:
             # served whole on the prefill pod: no kv_transfer_params, so its engine prefills and decodes
             decode_pod, uncached = prefill_pod, decision.prefill_tokens
         decode_payload = raw
+        kv_source: Pod | None = None
         speed = self.scheduler.speed
         if route is Route.DISAGGREGATED and prefill_pod is not None:
             prefill_tokens = decision.prefill_tokens
-            found_idle = prefill_pod.queued_tokens == 0 and prefill_pod.engine_waiting == 0
+            # the prefill pool's speed, not a peer decode pod's (role lending: reason prefill_saturated)
+            found_idle = prefill_pod.role == "prefill" and (
+                prefill_pod.queued_tokens == 0 and prefill_pod.engine_waiting == 0
+            )
             work = Queued(prefill_pod, prefill_tokens)
             leg_started = time.monotonic()
             try:
@@ -135,10 +177,13 @@ class Orchestrator:
                 )
             finally:
                 work.release()
+                for slot in slots:  # the prefill pod is done with it: its slot is free again
+                    if slot.role == "prefill":
+                        slot.release()
             if handoff is None or handoff.payload is None:
                 route = Route.FALLBACK  # counted by reason where it failed
             else:
-                decode_payload = handoff.payload
+                decode_payload, kv_source = handoff.payload, handoff.source
                 if found_idle:
                     speed.observe_leg(time.monotonic() - leg_started, prefill_tokens)
             if handoff is not None and handoff.pod is not None:
@@ -163,6 +208,7 @@ class Orchestrator:
                 # Nothing reached the client (the KV source died, the transfer failed): serve it whole.
                 log.warning("decode leg after a KV transfer failed, serving colocated: %s", failure)
                 self.metrics.fallbacks.labels("decode_leg_failed").inc()
+                self._stale_peer(kv_source, job.decode)
                 route, decode_payload, decode_pod = Route.FALLBACK, raw, None
         avoid = frozenset[str]()
         for attempt in range(self.legs.max_attempts):
@@ -175,7 +221,17 @@ class Orchestrator:
                     raise UpstreamError(str(failure), 502) from failure
                 log.warning("decode leg failed before its first event, trying another pod: %s", failure)
                 self.metrics.retries.labels("decode").inc()
+                self._stale_peer(None, job.decode)
                 avoid, decode_pod = avoid | {failure.pod}, None
+
+    def _stale_peer(self, kv_source: Pod | None, decode: Pod | None) -> None:
+        """Count a decode leg that failed before its first event against a restarted pod's engines: the
+        prefill pod holding its KV (the KV load failed), else the decode pod itself."""
+        pods = self.legs.pods
+        if kv_source is not None and pods.restarted(kv_source):
+            self.metrics.stale_peer_failures.labels("prefill").inc()
+        elif decode is not None and pods.restarted(decode):
+            self.metrics.stale_peer_failures.labels("decode").inc()
 
     def _release(self, path: str, payload: bytes, headers: list[tuple[str, str]], pod: Pod | None) -> None:
         """The client went away between the legs: the prefill pod holds the prompt's KV for a decode leg
@@ -240,7 +296,7 @@ class Orchestrator:
                 pod,
                 exclude=avoid,
             ) as leg:
-                job.decode_open = True
+                job.decode_open, job.decode = True, leg.pod
                 if job.queued is not None:
                     leg.first_token = job.queued.release
                 elif job.transfer is not None:
@@ -282,6 +338,7 @@ class _Job:
     transfer: TransferClock | None = None  # a disaggregated one's decode leg, on a pod that had no queue
     counted: bool = False  # in the per-route counters (once, however many decode legs it took)
     decode_open: bool = False  # a decode engine accepted the decode leg (it frees the KV if it is aborted)
+    decode: Pod | None = None  # the pod of the latest decode leg
 
 
 class TransferClock:

@@ -74,6 +74,9 @@ class LiveState:
     chars_per_token: Callable[[], float]
     # LMCache PD mode: ProxyNotif messages by outcome (received, malformed, unclaimed); empty otherwise.
     kv_push_notifications: Callable[[], dict[str, int]]
+    # router.overload: per pool, (requests queued in the router, slots its engines run: None while unknown);
+    # empty when shedding is off
+    overload: Callable[[], dict[str, tuple[int, int | None]]] = dict
 
 
 def arrival_pool(route: Route, reason: RouteReason) -> str:
@@ -184,6 +187,25 @@ class _LiveCollector(Collector):
         )
         ratio.add_metric([], self._state.chars_per_token())
         yield ratio
+        pools = self._state.overload()
+        if pools:
+            queued = GaugeMetricFamily(
+                f"{PREFIX}_queued_requests",
+                "router.overload: requests waiting in the router for a slot of the pool (role)",
+                labels=["role"],
+            )
+            slots = GaugeMetricFamily(
+                f"{PREFIX}_pool_slots",
+                "router.overload: requests the pool's engines run without queueing, as the router learned "
+                "them from their metrics (absent until every pod of the pool has queued once)",
+                labels=["role"],
+            )
+            for role, (waiting, known) in pools.items():
+                queued.add_metric([role], waiting)
+                if known is not None:
+                    slots.add_metric([role], known)
+            yield queued
+            yield slots
         notifications = self._state.kv_push_notifications()
         if notifications:
             family = CounterMetricFamily(
@@ -213,6 +235,20 @@ class RouterMetrics:
         self.routed_prompt_tokens = Counter(
             f"{PREFIX}_routed_prompt_tokens",
             "Prompt tokens of requests by the route that served them (the autoscaler's load by route)",
+            ["route"],
+            registry=registry,
+        )
+        self.shed_demand_requests = Counter(
+            f"{PREFIX}_shed_demand_requests",
+            "Requests answered 429 by router.overload, by the route they would have taken: demand the "
+            "engines never saw, which the autoscaler adds to that route's load (a client that retries counts "
+            "again)",
+            ["route"],
+            registry=registry,
+        )
+        self.shed_demand_prompt_tokens = Counter(
+            f"{PREFIX}_shed_demand_prompt_tokens",
+            "Prompt tokens of the requests in inferencepool_router_shed_demand_requests, by the same route",
             ["route"],
             registry=registry,
         )
@@ -258,8 +294,9 @@ class RouterMetrics:
             f"{PREFIX}_disaggregation_decisions",
             "Route decisions by reason: policy, short, cached (long but the decode pod holds its prefix), "
             "long, prefill_busy, decode_busy, prefill_idle, decode_saturated (lent to a prefill pod while "
-            "every decode pod queued), no_prefill_pod, kv_incompatible (no prefill pod whose KV the decode "
-            "pod can load)",
+            "every decode pod queued), prefill_saturated (prefilled on an idle decode pod for a busy one "
+            "while every prefill pod queued), no_prefill_pod, kv_incompatible (no prefill pod whose KV the "
+            "decode pod can load)",
             ["reason"],
             registry=registry,
         )
@@ -284,9 +321,9 @@ class RouterMetrics:
         )
         self.shed = Counter(
             f"{PREFIX}_shed_requests",
-            "Requests answered 429 because every pool they could use was saturated (its engines queueing) "
-            "and the router's queue was full, by the pools saturated (decode: Colocated; both) and the "
-            "request's priority",
+            "Requests answered 429 because a pool they would run on had no free slot and its queue in the "
+            "router was full, or they waited there too long, by that pool (role: decode, or prefill for a "
+            "request going through the prefill pool) and the request's priority",
             ["role", "priority"],
             registry=registry,
         )
@@ -295,6 +332,16 @@ class RouterMetrics:
             "Decode legs sent for clients that went away between the legs, so that the prefill pod's KV is "
             "read now rather than held until its lease ends, by outcome (read, failed)",
             ["outcome"],
+            registry=registry,
+        )
+        self.stale_peer_failures = Counter(
+            f"{PREFIX}_stale_peer_failures",
+            "Requests that failed against a restarted pod's engines (same name, another incarnation): a "
+            "decode leg whose KV load failed from a prefill pod restarted since its prefill leg or before "
+            "(role prefill), a decode leg that failed before its first event on a decode pod restarted under "
+            "it or before (role decode); each is served elsewhere, but a count that keeps rising says a "
+            "decode engine kept the previous engine's NIXL state",
+            ["role"],
             registry=registry,
         )
         self.client_disconnects = Counter(
@@ -319,6 +366,13 @@ class RouterMetrics:
         self.prompt_tokens_by_route = {
             route: self.routed_prompt_tokens.labels(route.value) for route in Route
         }
+        self.shed_demand_by_route = {
+            route: (
+                self.shed_demand_requests.labels(route.value),
+                self.shed_demand_prompt_tokens.labels(route.value),
+            )
+            for route in Route
+        }
         self.decisions_by_reason = {reason: self.decisions.labels(reason.value) for reason in RouteReason}
         self.decision_tokens_by_reason = {
             reason: self.decision_prompt_tokens.labels(reason.value) for reason in RouteReason
@@ -339,6 +393,15 @@ class RouterMetrics:
             self.fallbacks.labels(reason)
         for outcome in ("resumed", "broken"):
             self.streams_resumed.labels(outcome)
+        for role in ("prefill", "decode"):
+            self.stale_peer_failures.labels(role)
+
+    def shed_demand(self, route: Route, reason: RouteReason, prompt_tokens: float) -> None:
+        """A prompt shed (429) before it reached an engine: demand for its route's pool, and an arrival."""
+        requests, tokens = self.shed_demand_by_route[route]
+        requests.inc()
+        tokens.inc(prompt_tokens)
+        self.arrived(route, reason, prompt_tokens)
 
     def arrived(self, route: Route, reason: RouteReason, prompt_tokens: float) -> None:
         """A prompt routed now: its tokens join its pool's arrival window."""

@@ -69,6 +69,7 @@ class Pod:
     queued_tokens: int = 0
     kv_compat: str | None = None
     incarnation: str = ""
+    restarts: int = 0  # engines seen under the name before this one (PodSet.apply)
     # answers neither its /metrics (engine_load.py) nor a streamed request's headers in time (legs.py): out
     # of the table until its /metrics answers again
     unresponsive: bool = False
@@ -219,14 +220,17 @@ class PodSet:
                 # Another engine under the name (a restart: the Pod watch says so before any request fails):
                 # its cache starts empty and nothing of the previous one's state carries over (load,
                 # cooldown, unresponsive). Legs still open on the old engine keep the old Pod (known=False).
+                restarts = 0
                 if pod is not None:
                     self.prefixes.forget(spec.name)
+                    restarts = pod.restarts + (pod.incarnation != spec.incarnation)
                 pod = Pod(
                     name=spec.name,
                     url=spec.url,
                     role=spec.role,
                     kv_compat=spec.kv_compat,
                     incarnation=spec.incarnation,
+                    restarts=restarts,
                 )
             pod.ready, pod.terminating, pod.known = spec.ready, spec.terminating, True
             fresh[spec.name] = pod
@@ -237,6 +241,16 @@ class PodSet:
         self.prefixes.retain(fresh)
         for role in ROLES:
             self._rings[role].rebuild(sorted(p.name for p in fresh.values() if p.role == role))
+
+    def restarted(self, pod: Pod) -> bool:
+        """Whether `pod` (the engine a leg went to, or that held a request's KV) has been replaced by another
+        engine under its name since, or itself replaced one: a failure involving it may be a stale peer's (a
+        handshake or KV handle naming the previous engine, a decode engine that kept the previous engine's
+        NIXL state)."""
+        current = self.pods.get(pod.name)
+        if current is None:
+            return False
+        return current.incarnation != pod.incarnation or current.restarts > 0
 
     def by_role(self, role: EngineRole) -> list[Pod]:
         return [pod for pod in self.pods.values() if pod.role == role]

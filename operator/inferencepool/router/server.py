@@ -17,6 +17,7 @@ at scrape time; no per-request logging.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -34,7 +35,7 @@ from inferencepool.router.http1 import Reply, Request, Server, Upstream, Upstrea
 from inferencepool.router.legs import Legs
 from inferencepool.router.lmcache_pd import PDNotifications
 from inferencepool.router.metrics import LiveState, RouterMetrics
-from inferencepool.router.overload import PRIORITIES, Admission, Shed
+from inferencepool.router.overload import POOLS, PRIORITIES, Admission, Shed
 from inferencepool.router.pods import PodSet
 from inferencepool.router.prompt import BadRequest, Endpoint
 from inferencepool.router.relay import ROUTE_HEADER, Relay
@@ -71,14 +72,15 @@ class Router:
                     self.counter.chars_per_token if isinstance(self.counter, EstimateCounter) else 0.0
                 ),
                 kv_push_notifications=self._notification_counts,
+                overload=self._overload_figures,
             )
         )
         self.adaptive = AdaptiveThreshold(config, self.metrics)
         # every series a shed could add, at 0 from the start (a rate over a series that appears late misses
         # its first increase)
-        self._shed_role = "decode" if config.policy == "Colocated" else "both"
-        for priority in PRIORITIES:
-            self.metrics.shed.labels(self._shed_role, str(priority))
+        shed_pools = ("decode",) if config.policy == "Colocated" else POOLS
+        for pool, priority in itertools.product(shed_pools, PRIORITIES):
+            self.metrics.shed.labels(pool, str(priority))
         self.draining = False
         self.in_flight = 0
         self._idle = asyncio.Event()
@@ -91,7 +93,7 @@ class Router:
 
     @property
     def admission(self) -> Admission | None:
-        """The overload queue (None: overload.enabled is off, or engine metrics are not read)."""
+        """The per-pool overload queues (None: overload.enabled is off, or engine metrics are not read)."""
         return self._orchestrator.admission if self._orchestrator is not None else None
 
     @property
@@ -165,6 +167,12 @@ class Router:
     def kv_push_port(self) -> int | None:
         """The bound port of LMCache PD's notification socket (None in NIXL mode)."""
         return self._notifications.port if self._notifications is not None else None
+
+    def _overload_figures(self) -> dict[str, tuple[int, int | None]]:
+        admission = self.admission
+        if admission is None:
+            return {}
+        return {role: (queue.queued, queue.slots()) for role, queue in admission.pools.items()}
 
     def _notification_counts(self) -> dict[str, int]:
         if self._notifications is None:
@@ -254,7 +262,7 @@ class Router:
             send_error(reply, str(error), error.error_type, error.status, error.param)
         except Shed as shed:
             self.metrics.rejected.labels("429").inc()
-            self.metrics.shed.labels(self._shed_role, str(shed.priority)).inc()
+            self.metrics.shed.labels(shed.pool, str(shed.priority)).inc()
             retry_after = str(self.config.overload.retry_after_seconds)
             body = error_body(str(shed), "RateLimitError", 429)
             reply.send(429, body, headers=(("Retry-After", retry_after),))

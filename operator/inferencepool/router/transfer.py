@@ -56,6 +56,7 @@ class Handoff:
 
     payload: bytes | None
     pod: Pod | None = None
+    source: Pod | None = None  # NIXL: the prefill pod holding the KV the decode engine reads
 
 
 class Transfer(Protocol):
@@ -130,7 +131,7 @@ class NixlTransfer(_PrefillLegs):
             self._failed(pod, "protocol", error)
             return None
         self._done(started)
-        return Handoff(orjson.dumps(decode_body))
+        return Handoff(orjson.dumps(decode_body), source=pod)
 
 
 class LMCachePDTransfer(_PrefillLegs):

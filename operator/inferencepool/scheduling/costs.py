@@ -39,6 +39,12 @@ class RouteCosts:
     decode_saturated: bool = False
     # serving the request whole on the prefill pod (role lending): its queue and the prompt it would compute
     lend_seconds: float = 0.0
+    # the prefill side queues: every prefill pod that could take the prompt has requests waiting in its engine
+    # or a full KV cache (role lending's other direction)
+    prefill_saturated: bool = False
+    # prefilling on an idle peer decode pod for the chosen one (role lending): the prompt it would compute
+    # and the transfer; None when no peer can (the chosen decode pod runs nothing, or no other is idle)
+    peer_seconds: float | None = None
 
 
 @dataclass(slots=True)
@@ -90,25 +96,36 @@ def route_costs(
     itl_target_seconds: float,
     prefill_tokens: int | None = None,
     decode_saturated: bool = False,
+    prefill_saturated: bool = False,
+    peer_tokens: int | None = None,
 ) -> RouteCosts:
     """A decode pod has room for a bypassed prompt when it runs nothing (no decode to stall) or when the
     prompt's prefill is shorter than the ITL target: a long prefill on a busy decode pod would stall every
-    stream it serves by as much."""
+    stream it serves by as much. `peer_tokens`: what an idle peer decode pod would compute for the chosen one
+    (None: no peer can), whose KV the chosen one then loads: the uncached tokens."""
     saturated = decode_saturated
     rate = speed.seconds_per_token
     if rate is None:
-        return RouteCosts(uncached_tokens, 0.0, 0.0, 0.0, 0.0, None, decode_saturated=saturated)
+        return RouteCosts(
+            uncached_tokens, 0.0, 0.0, 0.0, 0.0, None,
+            decode_saturated=saturated,
+            prefill_saturated=prefill_saturated,
+            peer_seconds=None if peer_tokens is None else 0.0,
+        )  # fmt: skip
     prefill_seconds = rate * uncached_tokens
     prefill_queue = rate * speed.queue_tokens(prefill_pod) if prefill_pod is not None else 0.0
     lend_tokens = uncached_tokens if prefill_tokens is None else prefill_tokens
+    transfer = speed.transfer_seconds_per_token * uncached_tokens
     return RouteCosts(
         uncached_tokens=uncached_tokens,
         prefill_seconds=prefill_seconds,
         prefill_queue_seconds=prefill_queue,
         decode_queue_seconds=rate * speed.queue_tokens(decode_pod) if decode_pod is not None else 0.0,
-        transfer_seconds=speed.transfer_seconds_per_token * uncached_tokens,
+        transfer_seconds=transfer,
         ttft_target_seconds=ttft_target_seconds,
         decode_has_room=decode_pod is None or decode_pod.load == 0 or prefill_seconds <= itl_target_seconds,
         decode_saturated=saturated,
         lend_seconds=prefill_queue + rate * lend_tokens,
+        prefill_saturated=prefill_saturated,
+        peer_seconds=None if peer_tokens is None else rate * peer_tokens + transfer,
     )

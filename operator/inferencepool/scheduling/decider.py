@@ -23,6 +23,16 @@ vLLM serves a request without `kv_transfer_params` colocated whatever the engine
 (docs/engine-contract.md, section 3), and the operator sizes a lending pool's prefill chunk so that the
 lent decodes keep their ITL target (`InferencePoolSpec.batch_args`).
 
+Lending's other direction: a long prompt meant for the prefill pool is prefilled on another decode pod for
+the chosen one (route `disaggregated`, reason `prefill_saturated`) when the prefill side queues (every prefill
+pod that could take it has requests waiting in its engine or a full KV cache), the chosen decode pod runs
+requests (a prefill there would stall them: the load-aware bypass above did not take it) and a peer decode
+pod with its KV-compatibility label runs nothing and has nothing queued, and, once the prefill speed is
+known, the peer's prefill plus the transfer is within the TTFT target. The peer is sent the prefill leg as a
+prefill pod is (`do_remote_decode`), which vLLM's NixlConnector serves on a `kv_consumer` as on a producer
+(docs/engine-contract.md, section 3); the chosen pod loads the KV and keeps the decode, so the peer stays
+free for the next prompt and the decodes stay where the prefix-aware choice put them.
+
 Policy Colocated never disaggregates, AlwaysDisaggregate always does when it can.
 """
 
@@ -56,6 +66,7 @@ class RouteReason(StrEnum):
     PREFILL_BUSY = "prefill_busy"  # the prefill pool's queue would miss the TTFT target, the decode pod not
     DECODE_BUSY = "decode_busy"  # the decode pod's prefill queue would miss it, the prefill pool not
     PREFILL_IDLE = "prefill_idle"  # a medium prompt goes to an idle prefill pod, sparing the decodes' ITL
+    PREFILL_SATURATED = "prefill_saturated"  # disaggregated, prefilled on an idle peer decode pod (lending)
     DECODE_SATURATED = "decode_saturated"  # lent: the decode side queues, a prefill pod has room
     NO_PREFILL_POD = "no_prefill_pod"  # no prefill pod is ready
     KV_INCOMPATIBLE = "kv_incompatible"  # prefill pods are ready, none with the decode pod's KV-compat label
@@ -74,7 +85,8 @@ def decide(
 ) -> tuple[Route, RouteReason]:
     """The route and why (see the module's docstring). `prefill_ready`: a prefill pod can take the request;
     when none can, `no_prefill` says why. `lending`: the pool lends decode work to prefill pods;
-    `prefill_idle`: the prefill pod has nothing waiting in its engine."""
+    `prefill_idle`: the prefill pod has nothing waiting in its engine. On the `prefill_saturated` decision the
+    caller's prefill pod is the peer decode pod the costs weighed (`Scheduler.schedule`)."""
     if policy == "Colocated":
         return Route.DIRECT, RouteReason.POLICY
     if policy == "AlwaysDisaggregate":
@@ -98,4 +110,7 @@ def decide(
         return Route.FALLBACK, no_prefill
     if target is not None and disaggregated > target >= direct and costs.decode_has_room:
         return Route.DIRECT, RouteReason.PREFILL_BUSY
+    peer = costs.peer_seconds
+    if lending and costs.prefill_saturated and peer is not None and (target is None or peer <= target):
+        return Route.DISAGGREGATED, RouteReason.PREFILL_SATURATED
     return Route.DISAGGREGATED, RouteReason.LONG

@@ -5,7 +5,10 @@
    whole block (or prefix affinity is off).
 2. The prefill pod, unless the policy is Colocated: available prefill pods whose KV the decode pod can load
    (the same `LABEL_KV_COMPAT` value), chosen the same way.
-3. The route (decider.py) from the decode pod's uncached tokens and both pods' queues (costs.py).
+3. The route (decider.py) from the decode pod's uncached tokens and both pods' queues (costs.py). With role
+   lending, when every prefill pod queues and the decode pod runs requests, an idle peer decode pod (same
+   KV-compatibility label) is weighed as the prefill pod too; on reason `prefill_saturated` it is the
+   decision's prefill pod.
 4. Then what the request will leave behind, as GIE's PreRequest does: the decode pod (and on the disaggregated
    route the prefill pod) will hold the prompt's KV, and the prompt's uncached size joins the running mean the
    queue estimates use.
@@ -85,6 +88,9 @@ class Scheduler:
         prefill: E | None = None
         prefill_tokens = tokens
         no_prefill = RouteReason.NO_PREFILL_POD
+        prefill_saturated = False
+        peer: E | None = None
+        peer_tokens: int | None = None
         if config.policy != "Colocated":
             candidates = view.available("prefill", now)
             if candidates and decode is not None:
@@ -94,6 +100,11 @@ class Scheduler:
                 candidates = compatible
             prefill, prefill_blocks = self.pick(candidates, keys, prefixes)
             prefill_tokens = self._uncached(tokens, prefill_blocks)
+            if config.lending and candidates and decode is not None and decode.load > 0:
+                prefill_saturated = all(pod.engine_waiting > 0 or pod.kv_full for pod in candidates)
+                if prefill_saturated:
+                    peer, peer_blocks = self.pick(_idle_peers(decodes, decode), keys, prefixes)
+                    peer_tokens = None if peer is None else self._uncached(tokens, peer_blocks)
         speed = self.speed
         costs = route_costs(
             speed,
@@ -104,6 +115,8 @@ class Scheduler:
             config.itl_target_seconds,
             prefill_tokens,
             config.lending and all(pod.engine_waiting > 0 or pod.kv_full for pod in decodes),
+            prefill_saturated,
+            peer_tokens,
         )
         prefill_ready = prefill is not None
         route, reason = decide(
@@ -117,6 +130,8 @@ class Scheduler:
             prefill_idle=prefill is not None and prefill.engine_waiting == 0,
         )
         speed.observe_prompt(uncached)
+        if reason is RouteReason.PREFILL_SATURATED and peer is not None and peer_tokens is not None:
+            prefill, prefill_tokens = peer, peer_tokens
         if route is Route.LENT and prefill is not None:
             if keys:
                 prefixes.sent(prefill.name, keys)  # the prefill pod computes it and keeps it
@@ -147,3 +162,18 @@ class Scheduler:
         eligible = under_load_bound(with_kv_room(candidates), config.load_factor, config.min_load_bound)
         choice = best_prefix(eligible, keys, prefixes, config.anchor_blocks)
         return choice.pod, choice.cached_blocks
+
+
+def _idle_peers(decodes: Sequence[E], chosen: E) -> list[E]:
+    """Decode pods that may prefill for `chosen` (role lending): its KV-compatibility label (it loads their
+    KV), nothing running or queued (no decode to stall, no prefill to wait behind) and KV room."""
+    return [
+        pod
+        for pod in decodes
+        if pod is not chosen
+        and pod.kv_compat == chosen.kv_compat
+        and pod.load == 0
+        and pod.queued_tokens == 0
+        and pod.engine_waiting == 0
+        and not pod.kv_full
+    ]

@@ -138,7 +138,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--percentile", type=int, default=90, help="autoscaling/adaptive percentile. Default: 90"
     )
 
-    scaling = parser.add_argument_group("autoscaled scenario")
+    scaling = parser.add_argument_group("the planner (scenario planner; --pool: deployed)")
     scaling.add_argument("--max-replicas", type=int, default=None, help="per pool. Default: --replicas")
     scaling.add_argument(
         "--model-load-seconds",
@@ -450,7 +450,7 @@ def _goodput(
 
     found: list[report.Goodput] = []
     for scenario in scenarios:
-        if scenario.autoscaling is not None or scenario.planner is not None:
+        if scenario.planner is not None:
             print(f"  {scenario.name}: skipped (goodput is defined for a fixed pool)", file=sys.stderr)
             continue
         clock = time.monotonic()
@@ -459,7 +459,7 @@ def _goodput(
         print(f"  {scenario.name}: {time.monotonic() - clock:.1f} s wall", file=sys.stderr, flush=True)
     for base in scenarios:
         if args.splits or base.name == "static-pd":
-            if base.policy == "Colocated" or base.autoscaling is not None or base.planner is not None:
+            if base.policy == "Colocated" or base.planner is not None:
                 continue
             clock = time.monotonic()
 

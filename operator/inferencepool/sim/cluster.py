@@ -21,14 +21,13 @@ link (the engines' own model, `EngineCore._external_prefix`), both inside the ad
 
 Speed: a decode engine whose batch is steady (nothing waiting or loading, every request decoding) is
 timed many steps at once (`EngineCore.decode_run`); a request reaching it cuts the run at the step in
-flight, and the autoscaler, planner and threshold see every step that has ended before they read, so the
+flight, and the planner and the threshold see every step that has ended before they read, so the
 figures are those of stepping one step at a time (tests/unit/test_sim_speed.py). Each prompt is hashed once
 however often a trace is replayed.
 
-Autoscaling feeds the real `Recommender` what the operator's runner would read: each engine keeps vLLM's
-TTFT and ITL histograms (same buckets), the simulator "scrapes" ready engines every interval into the real
-`Window`, and the percentile is the real Prometheus-style `Histogram.quantile`. The planner reads only
-metric pages: every ready engine's vLLM page and the router's, read by the operator's feed (`scrape.py`).
+Autoscaling is the operator's SLA planner, and it reads only metric pages: every ready engine's vLLM page
+(TTFT, ITL and TPOT histograms in vLLM's buckets) and the router's, read by the operator's feed
+(`scrape.py`).
 A new replica holds its GPUs from the decision on but serves only after the model-load delay; a removed
 replica stops taking requests, finishes what it has (and any KV a decode engine still has to read), then
 gives its GPUs back.
@@ -43,10 +42,8 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from inferencepool.api.v1alpha1 import POOL_ROLES, Autoscaling, PoolRole, RoutingPolicy
+from inferencepool.api.v1alpha1 import POOL_ROLES, PoolRole, RoutingPolicy
 from inferencepool.autoscaler.capacity import CapacityModel, from_profile
-from inferencepool.autoscaler.histogram import Histogram, Window
-from inferencepool.autoscaler.latency_rule import Recommender
 from inferencepool.autoscaler.planner import Plan, Planner, PlannerSettings
 from inferencepool.engine_sim.core import (
     DecodeRun,
@@ -74,7 +71,7 @@ from inferencepool.router.threshold import SampleWindow, adapt
 from inferencepool.scheduling.decider import Route
 from inferencepool.sim.network import Network
 from inferencepool.sim.router import SimRouter
-from inferencepool.sim.scrape import Scrape, histogram_of
+from inferencepool.sim.scrape import Scrape
 from inferencepool.sim.workload import TraceRequest, prompt_ids
 
 REJECTED = "rejected"  # longer than max_model_len: the engine answers 400 and nothing runs
@@ -134,23 +131,10 @@ def _prompt_work(request: TraceRequest, number: int) -> _PromptWork:
 
 
 @dataclass(frozen=True)
-class PoolAutoscaling:
-    """Per-pool autoscaling as the InferencePool spec gives it, plus how long a new replica takes to load."""
-
-    prefill: Autoscaling
-    decode: Autoscaling
-    model_load_seconds: float = 120.0
-
-    def settings(self, role: PoolRole) -> Autoscaling:
-        return self.prefill if role == "prefill" else self.decode
-
-
-@dataclass(frozen=True)
 class PlannerScaling:
-    """The SLA planner (`autoscaler.planner`) in place of the latency rule, fed every interval from the
-    simulated router's and engines' metric pages by the operator's feed. The capacity model is seeded from the
-    profile with the prefill role's chunk; `window_seconds` is the latency window of the observed
-    percentiles."""
+    """The SLA planner (`autoscaler.planner`), fed every interval from the simulated router's and engines'
+    metric pages by the operator's feed. The capacity model is seeded from the profile with the prefill
+    role's chunk; `window_seconds` is the latency window of the observed percentiles."""
 
     settings: PlannerSettings
     window_seconds: float = 60.0
@@ -168,7 +152,6 @@ class Scenario:
     decode_replicas: int  # every engine of a Colocated pool
     threshold_tokens: int = 4096
     adaptive: AdaptiveThresholdConfig | None = None
-    autoscaling: PoolAutoscaling | None = None
     prefix_affinity: bool = True
     prefill_chunk_tokens: int | None = None  # --max-num-batched-tokens of prefill replicas (None: profile's)
     decode_chunk_tokens: int | None = None  # ... of decode replicas, or of every replica of a Colocated pool
@@ -201,16 +184,12 @@ class Scenario:
                 raise ValueError(f"scenario {self.name}: a prefill chunk must be >= 1 token, got {chunk}")
         if self.decode_replicas < 1:
             raise ValueError(f"scenario {self.name}: needs at least one decode (or colocated) replica")
-        if self.autoscaling is not None and self.planner is not None:
-            raise ValueError(
-                f"scenario {self.name}: one autoscaler per pool (the latency rule or the planner)"
-            )
         if self.planner is not None and self.policy == "Colocated":
             raise ValueError(f"scenario {self.name}: the planner sizes a P/D pool's two roles")
         planned_zero = self.planner is not None and self.planner.settings.prefill.min_replicas == 0
         if self.policy != "Colocated" and self.prefill_replicas < (0 if planned_zero else 1):
             raise ValueError(f"scenario {self.name}: {self.policy} needs at least one prefill replica")
-        if self.policy == "Colocated" and (self.prefill_replicas or self.autoscaling):
+        if self.policy == "Colocated" and self.prefill_replicas:
             raise ValueError(f"scenario {self.name}: a Colocated pool has no prefill replicas to scale")
         router = self.router
         if router is not None and (
@@ -332,9 +311,7 @@ Progress = Callable[[str, float, float], None]  # scenario name, virtual time re
 
 
 class ClusterSim:
-    _ARRIVAL, _STEP_END, _WAKE, _READY, _AUTOSCALE, _THRESHOLD, _PROGRESS, _TRANSFER, _PLAN, _SCRAPE = range(
-        10
-    )
+    _ARRIVAL, _STEP_END, _WAKE, _READY, _THRESHOLD, _PROGRESS, _TRANSFER, _PLAN, _SCRAPE = range(9)
 
     def __init__(
         self,
@@ -377,8 +354,6 @@ class ClusterSim:
         self._events: list[tuple[float, int, int, object]] = []
         self._sequence = itertools.count()
         self._ordinals = {"prefill": itertools.count(), "decode": itertools.count()}
-        self.recommenders = {"prefill": Recommender(), "decode": Recommender()}
-        self.windows: dict[PoolRole, Window[Histogram]] = {"prefill": Window(), "decode": Window()}
         self.timeline: list[tuple[float, int, int, int, int]] = []
         self.thresholds: list[tuple[float, int]] = [(0.0, self.threshold)]
         self.scaling: list[ScalingEvent] = []
@@ -447,10 +422,6 @@ class ClusterSim:
             self._add_replica("decode", ready_at=0.0)
         self._sync_pods()
         self._record_replicas()
-        scaling = self.scenario.autoscaling
-        if scaling is not None:
-            for first in POOL_ROLES:
-                self._push(scaling.settings(first).interval_seconds, self._AUTOSCALE, first)
         if self.scenario.planner is not None:
             self._push(self.scenario.planner.settings.interval_seconds, self._PLAN, None)
         if self.scenario.adaptive is not None and self.scenario.policy == "LengthAware":
@@ -490,13 +461,6 @@ class ClusterSim:
                 if payload.removed_at is None:
                     self._sync_pods()
                     self._record_replicas()
-            elif kind == self._AUTOSCALE:
-                assert payload in ("prefill", "decode")
-                role: PoolRole = "prefill" if payload == "prefill" else "decode"
-                self._autoscale(role)
-                if self._busy():
-                    assert scaling is not None
-                    self._push(self.now + scaling.settings(role).interval_seconds, self._AUTOSCALE, role)
             elif kind == self._THRESHOLD:
                 self._adapt_threshold()
                 if self._busy():
@@ -808,7 +772,8 @@ class ClusterSim:
         else:
             replica.itl.observe(now - replica.last_token[request_id])
         replica.last_token[request_id] = now
-        if replica.role == "prefill" and record.route != LENT:  # a prefill leg (a lent request streams)
+        # a prefill leg: on a prefill pod (a lent request streams), or on a peer decode pod (role lending)
+        if (replica.role == "prefill" and record.route != LENT) or record.prefill_pod == replica.name:
             assert event.finish_reason is not None
             replica.last_token.pop(request_id, None)
             self._prefill_done(replica, record, event)
@@ -952,49 +917,6 @@ class ClusterSim:
                     )
                 )
                 self._resize(pool, members[pool], decision.replicas, settings.model_load_seconds)
-
-    def _autoscale(self, role: PoolRole) -> None:
-        scaling = self.scenario.autoscaling
-        assert scaling is not None
-        self._realize()
-        settings = scaling.settings(role)
-        members = self._members(role)
-        ready = [r for r in members if r.ready(self.now)]
-        window = self.windows[role]
-        for replica in ready:  # the runner scrapes the pool's ready pods
-            latency = replica.ttft if role == "prefill" else replica.itl
-            window.add(replica.name, self.now, histogram_of(latency))
-        window.keep_only({r.name for r in ready})
-        change = window.delta(self.now, settings.window_seconds)
-        if change is None:
-            return  # no pod read twice yet: the runner decides nothing either
-        observed = change.quantile(settings.target.percentile / 100)
-        target = settings.target.ttft_milliseconds if role == "prefill" else settings.target.itl_milliseconds
-        assert target is not None
-        metric = "TTFT" if role == "prefill" else "ITL"
-        decision = self.recommenders[role].decide(
-            self.now, len(members), len(ready), observed, target, settings, metric
-        )
-        if decision.replicas == decision.current:
-            return
-        self.scaling.append(
-            ScalingEvent(
-                self.now, role, decision.current, decision.replicas, decision.reason, decision.message
-            )
-        )
-        if decision.replicas > decision.current:
-            for _ in range(decision.replicas - decision.current):
-                self._add_replica(role, ready_at=self.now + scaling.model_load_seconds)
-        else:
-            # a StatefulSet removes its highest ordinals (the newest pods) first
-            for replica in sorted(members, key=lambda r: r.created)[decision.replicas - decision.current :]:
-                replica.terminating = True
-                if not replica.ready(self.now):
-                    replica.removed_at = self.now  # still loading the model: nothing to drain
-                    self._gone(replica)
-                self._maybe_remove(replica)
-        self._sync_pods()
-        self._record_replicas()
 
     def _adapt_threshold(self) -> None:
         config = self.scenario.adaptive

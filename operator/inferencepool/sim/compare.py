@@ -4,8 +4,8 @@ balancer), `colocated-tuned` (the chunk for the ITL target and the router's pref
 `static-pd` (always disaggregate, at its best P:D split) and `static-peak` (the smallest static layout that
 holds the targets in every window, `search.static_sizes`).
 
-More on request: `planner` and `autoscaled` (a LengthAware P/D pool from the budget's split, sized by the SLA
-planner or by the HPA-style latency rule) and `static-min`. Every scenario routes through the live router's
+More on request: `planner` (a LengthAware P/D pool from the budget's split, sized by the SLA planner) and
+`static-min`. Every scenario routes through the live router's
 scheduling core (`inferencepool.scheduling`)."""
 
 from __future__ import annotations
@@ -13,12 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from inferencepool.api.v1alpha1 import Autoscaling, LatencyTarget
 from inferencepool.autoscaler.planner import PlannerSettings, RoleBounds
 from inferencepool.perf.profiles import EngineProfile
 from inferencepool.sim.cluster import (
     PlannerScaling,
-    PoolAutoscaling,
     Progress,
     Scenario,
     ScenarioResult,
@@ -30,7 +28,7 @@ from inferencepool.sim.workload import TraceRequest
 BASELINE = "colocated"
 DEPLOYED = "deployed"  # the pool spec given with --pool (`sim/pool.py`)
 SCENARIO_NAMES = ("colocated", "colocated-tuned", "static-pd", "static-peak")
-EXTRA_SCENARIOS = ("planner", "autoscaled", "static-min")
+EXTRA_SCENARIOS = ("planner", "static-min")
 SEARCHED = ("static-peak", "static-min")
 
 
@@ -70,24 +68,7 @@ def build_scenarios(budget: Budget, slo: Slo, names: Sequence[str] = SCENARIO_NA
         raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(known)}")
     names = [n for n in names if n not in (*SEARCHED, DEPLOYED)]  # built by the search, and from the spec
     prefill, decode = budget.prefill_replicas, budget.replicas - budget.prefill_replicas
-    ttft_ms, itl_ms = round(slo.ttft_seconds * 1000), round(slo.itl_seconds * 1000)
     ceiling = budget.max_replicas_per_pool or budget.replicas
-
-    def pool(target: LatencyTarget) -> Autoscaling:
-        return Autoscaling(
-            min_replicas=1,
-            max_replicas=ceiling,
-            target=target,
-            window_seconds=budget.window_seconds,
-            interval_seconds=budget.interval_seconds,
-            scale_down_stabilization_seconds=budget.scale_down_stabilization_seconds,
-        )
-
-    autoscaling = PoolAutoscaling(
-        prefill=pool(LatencyTarget(ttft_milliseconds=ttft_ms, percentile=budget.percentile)),
-        decode=pool(LatencyTarget(itl_milliseconds=itl_ms, percentile=budget.percentile)),
-        model_load_seconds=budget.model_load_seconds,
-    )
     threshold = budget.threshold_tokens
 
     def tuned(scenario: Scenario) -> Scenario:
@@ -138,11 +119,7 @@ def build_scenarios(budget: Budget, slo: Slo, names: Sequence[str] = SCENARIO_NA
         ),
         # always disaggregate; `inferencepool sim` tries every P:D split of the budget and keeps the best
         "static-pd": tuned(Scenario("static-pd", "AlwaysDisaggregate", prefill, decode)),
-        # the old HPA-style rule (autoscaling.policy: Latency) and the SLA planner (policy: Planner) on a
-        # LengthAware P/D pool starting from the budget's split
-        "autoscaled": tuned(
-            Scenario("autoscaled", "LengthAware", prefill, decode, threshold, autoscaling=autoscaling)
-        ),
+        # the SLA planner on a LengthAware P/D pool starting from the budget's split
         "planner": tuned(Scenario("planner", "LengthAware", prefill, decode, threshold, planner=planner)),
     }
     # the router's load-aware bypass weighs routes against the pool's targets, as the operator configures it

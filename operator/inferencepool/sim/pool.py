@@ -8,8 +8,7 @@ Every setting comes from the operator's own mapping, not a second reading of the
   default would exceed it), the tensor-parallel size, `max_model_len()`;
 - the replicas: `PoolSpec.initial_replicas` (what the operator creates the pool with), a Colocated pool
   serving from its decode pool alone;
-- autoscaling: `autoscaler.planner_spec.planner_settings` for policy Planner (bounds, targets, ratio, GPU
-  budget), the pools' own `Autoscaling` for policy Latency;
+- autoscaling: `autoscaler.planner_spec.planner_settings` (bounds, targets, ratio, GPU budget);
 - LMCache: the kvCache block (the CPU tier per pod, p2p).
 """
 
@@ -25,7 +24,7 @@ from inferencepool.autoscaler.planner_spec import planned, planner_settings
 from inferencepool.builders.common import PoolRef
 from inferencepool.builders.router import router_config
 from inferencepool.perf.profiles import EngineProfile
-from inferencepool.sim.cluster import PlannerScaling, PoolAutoscaling, Scenario
+from inferencepool.sim.cluster import PlannerScaling, Scenario
 
 DEPLOYED = "deployed"
 
@@ -95,23 +94,16 @@ def deployed_scenario(
     if not autoscale or colocated:
         return scenario
     settings = planner_settings(spec, counts)
-    if settings is not None:
-        if model_load_seconds is not None:
-            settings = replace(settings, model_load_seconds=model_load_seconds)
-        scaled = [a for role in ("prefill", "decode") if (a := planned(spec, role)) is not None]
-        return replace(
-            scenario,
-            planner=PlannerScaling(
-                settings,
-                window_seconds=float(max(a.window_seconds for a in scaled)),
-                percentile=max(a.target.percentile for a in scaled),
-            ),
-        )
-    prefill, decode = spec.prefill.autoscaling, spec.decode.autoscaling
-    latency = [a for a in (prefill, decode) if a is not None and a.enabled]
-    if not latency:
+    if settings is None:
         return scenario
-    if prefill is None or decode is None or not (prefill.enabled and decode.enabled):
-        raise ValueError("the simulator runs the Latency rule on both pools or on neither")
-    load = model_load_seconds if model_load_seconds is not None else float(decode.model_load_seconds)
-    return replace(scenario, autoscaling=PoolAutoscaling(prefill, decode, model_load_seconds=load))
+    if model_load_seconds is not None:
+        settings = replace(settings, model_load_seconds=model_load_seconds)
+    scaled = [a for role in ("prefill", "decode") if (a := planned(spec, role)) is not None]
+    return replace(
+        scenario,
+        planner=PlannerScaling(
+            settings,
+            window_seconds=float(max(a.window_seconds for a in scaled)),
+            percentile=max(a.target.percentile for a in scaled),
+        ),
+    )

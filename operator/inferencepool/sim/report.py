@@ -123,7 +123,7 @@ def summarize(result: ScenarioResult, slo: Slo, window_seconds: float = 300.0) -
     return Summary(
         scenario=result.scenario.name,
         policy=result.scenario.policy,
-        autoscaled=result.scenario.autoscaling is not None or result.scenario.planner is not None,
+        autoscaled=result.scenario.planner is not None,
         requests=len(records),
         completed=len(completed),
         rejected=sum(r.route == REJECTED for r in records),
@@ -301,7 +301,7 @@ def plot(results: Sequence[ScenarioResult], summaries: Sequence[Summary], slo: S
     fig.savefig(written[-1], dpi=110)
     plt.close(fig)
 
-    scaled = [r for r in results if r.scenario.autoscaling is not None or r.scenario.planner is not None]
+    scaled = [r for r in results if r.scenario.planner is not None]
     if scaled:
         fig, axes = plt.subplots(len(scaled), 1, figsize=(10, 3.5 * len(scaled)), squeeze=False)
         for axis, result in zip(axes[:, 0], scaled, strict=True):

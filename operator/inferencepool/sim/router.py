@@ -81,8 +81,8 @@ class SimRouter:
 
     def prefill_sent(self, pod: Pod, request_id: str, tokens: int, now: float) -> None:
         leg = f"{pod.name}/{request_id}"
-        if pod.queued_tokens == 0 and pod.engine_waiting == 0:
-            self._prefill_clocks[leg] = (now, tokens)
+        if pod.role == "prefill" and pod.queued_tokens == 0 and pod.engine_waiting == 0:
+            self._prefill_clocks[leg] = (now, tokens)  # the prefill pool's speed, not a peer decode pod's
         self._queued[leg] = Queued(pod, tokens)
 
     def prefill_answered(self, pod_name: str, request_id: str, now: float) -> None:

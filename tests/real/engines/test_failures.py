@@ -14,22 +14,20 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from inferencepool.builders.engine import SHUTDOWN_TIMEOUT_SECONDS
 from inferencepool.cluster.vllm_cpu import CpuEngine
-from tests.http.router_harness import metric_sum
+from tests.http.router_harness import front, metric_sum, with_addresses
 from tests.real.engines.client import TIMEOUT, call, metric_value, operator_router_config, router
 from tests.real.engines.test_pd import prompt_of
 from tests.support.real_engines import Fleet, RealEngine, engine_pod, make_engines, wait_healthy
@@ -142,40 +140,6 @@ async def test_decode_engine_killed_mid_stream_is_resumed_with_the_unkilled_answ
     assert report.count("whole") >= 1
 
 
-@contextlib.asynccontextmanager
-async def front(engine: RealEngine, after_answer: Callable[[], Awaitable[None]]) -> AsyncIterator[str]:
-    """A pod address in front of a prefill engine: forwards each request and, once the engine answered the
-    first one, runs `after_answer` before the router gets that answer."""
-    done = False
-
-    async def forward(request: web.Request) -> web.Response:
-        nonlocal done
-        async with (
-            aiohttp.ClientSession(timeout=TIMEOUT) as session,
-            session.post(
-                engine.url + request.path,
-                data=await request.read(),
-                headers={"Content-Type": "application/json"},
-            ) as answer,
-        ):
-            status, payload = answer.status, await answer.read()
-        if not done:
-            done = True
-            await after_answer()
-        return web.Response(status=status, body=payload, content_type="application/json")
-
-    app = web.Application()
-    app.router.add_post("/{path:.*}", forward)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    finally:
-        await runner.cleanup()
-
-
 @pytest.fixture(scope="module")
 def spare_prefill(fleet: Fleet) -> Iterator[RealEngine]:
     """A second prefill pod (ordinal 1), started when the first test that needs it asks (the fleet's first
@@ -209,11 +173,9 @@ async def test_prefill_engine_killed_before_the_read_is_served_colocated(
         assert await asyncio.to_thread(prefill.wait_exit, 60) is not None
 
     failed_before = await metric_value(decode, "vllm:request_success_total", finished_reason="error")
-    async with front(prefill, kill) as address:
+    async with front(prefill.url, kill, TIMEOUT) as address:
         config = operator_router_config(fleet, policy="AlwaysDisaggregate")
-        config = config.model_copy(
-            update={"static": config.static.model_copy(update={"prefill": [address], "decode": [decode.url]})}  # type: ignore[union-attr]
-        )
+        config = with_addresses(config, prefill=[address], decode=[decode.url])
         async with router(fleet, config) as running:
             routed = await call(running.url, "/v1/completions", body)
             fallbacks = await metric_sum(
@@ -287,10 +249,9 @@ async def test_prefill_drained_with_a_hand_off_in_flight_serves_the_request_then
         assert prefill.process is not None
         prefill.process.send_signal(signal.SIGTERM)
 
-    async with front(prefill, drain) as address:
+    async with front(prefill.url, drain, TIMEOUT) as address:
         config = operator_router_config(fleet, policy="AlwaysDisaggregate")
-        static = {"prefill": [address], "decode": [decode.url]}
-        config = config.model_copy(update={"static": config.static.model_copy(update=static)})  # type: ignore[union-attr]
+        config = with_addresses(config, prefill=[address], decode=[decode.url])
         async with router(fleet, config) as running:
             routed = await call(running.url, "/v1/completions", body)
     assert routed.status == 200, routed.body

@@ -14,7 +14,7 @@ from tests.support.real_engines import Fleet
 PACKAGE = Path(__file__).resolve().parents[3] / "operator" / "inferencepool"
 READERS = [
     "autoscaler",
-    "diagnosis",
+    "bottleneck",
     "observability/dashboard.py",
     "observability/alerts.py",
     "router/engine_load.py",

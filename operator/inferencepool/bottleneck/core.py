@@ -27,8 +27,9 @@ from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
 from inferencepool.autoscaler.histogram import Histogram
-from inferencepool.diagnosis.settings import PoolSettings
-from inferencepool.diagnosis.window import EngineWindow, PoolWindow
+from inferencepool.bottleneck.settings import PoolSettings
+from inferencepool.bottleneck.sizing import Sizing
+from inferencepool.bottleneck.window import EngineWindow, PoolWindow
 
 Verdict = Literal["Prefill", "Decode", "Interference", "KVTransfer", "None"]
 VERDICTS: Final[tuple[Verdict, ...]] = ("Prefill", "Decode", "Interference", "KVTransfer", "None")
@@ -122,6 +123,7 @@ class Traffic:
     prompt_p90: float | None
     disaggregated_share: float | None  # of routed requests
     lent_share: float | None  # of routed requests: served whole on prefill pods (role lending)
+    peer_prefill_share: float | None  # of routed requests: prefilled on a peer decode pod (role lending)
     prefix_hit_rate: float | None  # vLLM's GPU prefix cache, every engine
     external_hit_rate: float | None  # KV connector hits (LMCache CPU tier, p2p) where prompts are prefilled
     lmcache_hit_rate: float | None  # LMCache's own counters, when on the page
@@ -150,7 +152,7 @@ class Diagnosis:
 
 @dataclass(frozen=True)
 class WhatIfRow:
-    """One scenario of the what-if replay (diagnosis/whatif.py), as the report shows it."""
+    """One scenario of the what-if replay (whatif/replay.py), as the report shows it."""
 
     scenario: str  # "colocated", "current", "recommended"
     policy: str
@@ -188,9 +190,10 @@ def traffic(window: PoolWindow) -> Traffic:
         routed = router.requests.get("direct", 0.0) + router.requests.get("disaggregated", 0.0)
         share = _ratio(router.requests.get("disaggregated", 0.0), routed + router.requests.get("fallback", 0))
         lent = _ratio(router.requests.get("lent", 0.0), requests)
+        peer = _ratio(router.peer_prefills, requests)
     else:
         requests = window.decode.requests if window.decode is not None else 0.0
-        share = lent = None
+        share = lent = peer = None
     prompt = router.prompt_tokens if router is not None else None
     decode = window.decode
     mean_output = None
@@ -210,6 +213,7 @@ def traffic(window: PoolWindow) -> Traffic:
         prompt_p90=prompt.quantile(0.9) if prompt is not None and prompt.count else None,
         disaggregated_share=share,
         lent_share=lent,
+        peer_prefill_share=peer,
         prefix_hit_rate=_hit_rate(engines, "vllm:prefix_cache_hits", "vllm:prefix_cache_queries"),
         external_hit_rate=_hit_rate(
             [e for e in prefilling if e is not None],
@@ -290,6 +294,7 @@ class _Case:
     decode_itl: Percentiles | None
     ttft_target: float
     itl_target: float
+    sizing: Sizing | None = None  # the planner's replicas for the window's load (None: it could not say)
     evidence: list[str] = field(default_factory=list)
     advice: list[Advice] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -345,7 +350,7 @@ def _latencies(window: PoolWindow, settings: PoolSettings) -> list[Latency]:
     return lines
 
 
-def _case(window: PoolWindow, settings: PoolSettings) -> _Case:
+def _case(window: PoolWindow, settings: PoolSettings, sizing: Sizing | None = None) -> _Case:
     router = window.router
     decode = window.decode
     router_ttft = Percentiles.of(router.ttft_all()) if router is not None else None
@@ -365,6 +370,7 @@ def _case(window: PoolWindow, settings: PoolSettings) -> _Case:
         decode_itl=decode_itl,
         ttft_target=settings.ttft_target_ms / 1000,
         itl_target=settings.itl_target_ms / 1000,
+        sizing=sizing,
     )
 
 
@@ -372,16 +378,24 @@ def _advise_replicas(
     case: _Case,
     kind: Literal["AddPrefillReplicas", "AddDecodeReplicas"],
     role: Literal["prefill", "decode"],
-    load: float,
     why: str,
     prefix: str = "",
 ) -> None:
-    """The autoscaler's rule, ceil(replicas x observed / target) aimed under the target, within the role's
-    autoscaling ceiling; a role already at its ceiling is told to raise it."""
+    """More replicas of a role that misses its target: as many as the autoscaler's planner sizes the window's
+    load at (`sizing.py`; at least one more, since the role misses its target), within the role's autoscaling
+    ceiling; a role already at its ceiling is told to raise it."""
     s = case.settings
     current = s.prefill_replicas if role == "prefill" else s.decode_replicas
     what = f"{role} replicas" if s.disaggregated else "replicas"
-    wanted = max(current + 1, math.ceil(current * load / AIM))
+    sized = case.sizing.role(role) if case.sizing is not None else None
+    wanted = current + 1 if sized is None else max(current + 1, sized.wanted)
+    if sized is None:
+        why += "; the planner could not size the load from these pages, so one more at a time"
+    else:
+        why += (
+            f"; the planner sizes this load at {sized.wanted}: {sized.forecast:.2f} engine-s/s forecast at "
+            f"{sized.capacity_per_replica:.2f} per replica"
+        )
     ceiling = s.max_replicas.get(role)
     if ceiling is not None and current >= ceiling:
         text = (
@@ -414,6 +428,11 @@ def _evidence_common(case: _Case) -> None:
         case.evidence.append(
             f"role lending: {_pct(t.lent_share)} of requests were served whole on prefill engines while "
             "every decode engine queued"
+        )
+    if t.peer_prefill_share:
+        case.evidence.append(
+            f"role lending: {_pct(t.peer_prefill_share)} of requests were prefilled on a peer decode engine "
+            "while every prefill engine queued"
         )
     for role in ("prefill", "decode"):
         engines = case.window.engines(role)
@@ -568,9 +587,22 @@ def _decode_concurrency(case: _Case) -> float | None:
 
 
 def _advise_split(case: _Case) -> None:
-    """A pool that lends much of its decode work to the prefill pods has too few decode pods for its load:
-    move one prefill replica to decode (lending is the answer to a burst, the split to a steady share)."""
+    """A pool that lends much of its work to the other pool has too few pods of the lending role for its
+    load: move one replica across (lending is the answer to a burst, the split to a steady share). Decode
+    work lent to the prefill pods asks for one more decode pod, prompts prefilled on peer decode pods for
+    one more prefill pod."""
     s, t = case.settings, case.traffic
+    peer = t.peer_prefill_share
+    if peer is not None and peer >= LENT_SPLIT_SHARE and s.decode_replicas >= 2:
+        case.advice.append(
+            Advice(
+                "AddPrefillReplicas",
+                f"split {s.prefill_replicas}P:{s.decode_replicas}D -> {s.prefill_replicas + 1}P:"
+                f"{s.decode_replicas - 1}D: {_pct(peer)} of requests were prefilled on a peer decode engine "
+                f"(while every prefill engine queued), more than {_pct(LENT_SPLIT_SHARE)}",
+                replicas=s.prefill_replicas + 1,
+            )
+        )
     if t.lent_share is None or t.lent_share < LENT_SPLIT_SHARE or s.prefill_replicas < 2:
         return
     case.advice.append(
@@ -693,8 +725,10 @@ def _latency_evidence(case: _Case) -> None:
         )
 
 
-def diagnose(window: PoolWindow, settings: PoolSettings) -> Diagnosis:
-    case = _case(window, settings)
+def diagnose(window: PoolWindow, settings: PoolSettings, sizing: Sizing | None = None) -> Diagnosis:
+    """The verdict, evidence and advice for the window; `sizing` (the planner's, `sizing.size`, over the
+    same window) gives the replica counts a role that misses its target is advised."""
+    case = _case(window, settings, sizing)
     t = case.traffic
     latencies = tuple(_latencies(window, settings))
     if t.requests < MIN_REQUESTS:
@@ -770,9 +804,7 @@ def _advise_prefill(case: _Case) -> None:
         case,
         "AddPrefillReplicas",
         "prefill" if s.disaggregated else "decode",
-        case.ttft_load or 1.0,
-        f"TTFT at p{s.percentile} is {case.ttft_load or 0:.1f}x the target; a queue inflates TTFT faster "
-        "than load grows, so this is an upper bound",
+        f"TTFT at p{s.percentile} is {case.ttft_load or 0:.1f}x the target",
         "after reuse, if TTFT still misses: " if reuse else "",
     )
 
@@ -799,7 +831,6 @@ def _advise_decode(case: _Case) -> None:
         case,
         "AddDecodeReplicas",
         "decode",
-        case.itl_load or 1.0,
         f"ITL at p{s.percentile} is {case.itl_load or 0:.1f}x the target: decode steps are bound by memory "
         "bandwidth and KV capacity",
     )
@@ -895,7 +926,7 @@ _ADVISERS = {
 
 
 def with_what_if(diagnosis: Diagnosis, table: Sequence[WhatIfRow], settings: PoolSettings) -> Diagnosis:
-    """The diagnosis checked against the what-if (diagnosis/whatif.py): of the threshold candidates, the one
+    """The diagnosis checked against the what-if (whatif/replay.py): of the threshold candidates, the one
     with the best predicted goodput is recommended if it beats the current threshold, else the threshold
     advice is withdrawn; colocation advice the replay contradicts is withdrawn too. Each with a note."""
     notes = list(diagnosis.notes)

@@ -12,20 +12,20 @@ from prometheus_client import generate_latest
 from inferencepool import cli
 from inferencepool.api.v1alpha1 import InferencePool
 from inferencepool.autoscaler.histogram import parse_page
-from inferencepool.diagnose.cli import (
-    SnapshotFileError,
-    parse_snapshot_text,
-    snapshot_text,
-    to_snapshot,
-)
-from inferencepool.diagnosis.settings import engine_settings, settings_from_pool
-from inferencepool.diagnosis.window import PodPage, Snapshot, WindowError, window
+from inferencepool.bottleneck.settings import engine_settings, settings_from_pool
+from inferencepool.bottleneck.window import PodPage, Snapshot, WindowError, window
 from inferencepool.engine_sim.core import EngineCore
 from inferencepool.engine_sim.metrics import EngineMetrics
 from inferencepool.perf.profiles import get_profile
 from inferencepool.router.metrics import LiveState, RouterMetrics
 from inferencepool.router.pods import PodSet
 from inferencepool.scheduling.decider import Route
+from inferencepool.whatif.cli import (
+    SnapshotFileError,
+    parse_snapshot_text,
+    snapshot_text,
+    to_snapshot,
+)
 
 
 class Engine:

@@ -1,6 +1,7 @@
 """What the diagnosis needs to know about the pool besides its measurements (pure): the targets, the routing
-policy and threshold, the replica counts, and the engine settings that matter, read from the `vllm serve`
-arguments the operator generates (builders/engine.py), so what is judged is what the pods run."""
+policy and threshold, the replica counts, the engine settings that matter, read from the `vllm serve`
+arguments the operator generates (builders/engine.py), so what is judged is what the pods run, and the
+capacity table the autoscaler's planner sizes the pool with (`autoscaler.planner_spec.capacity_seed`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from inferencepool.api.v1alpha1 import InferencePool, PoolRole
+from inferencepool.autoscaler.capacity import CapacityModel
+from inferencepool.autoscaler.planner_spec import capacity_seed
 from inferencepool.builders.engine import vllm_args
 
 # Used when the pool sets no target for a role (the simulator's defaults, a common interactive SLO).
@@ -102,6 +105,9 @@ class PoolSettings:
     prefix_affinity: bool = True
     max_model_len: int | None = None
     max_replicas: dict[str, int] = field(default_factory=dict)  # autoscaling ceilings by role
+    # what the planner sizes replicas with (None: its default profile's table), and one model load
+    capacity: CapacityModel | None = None
+    model_load_seconds: float | None = None
 
     @property
     def disaggregated(self) -> bool:
@@ -167,4 +173,13 @@ def settings_from_pool(
             for role in ("prefill", "decode")
             if (autoscaling := spec.pool(role).autoscaling) is not None and autoscaling.enabled
         },
+        capacity=capacity_seed(spec),
+        model_load_seconds=max(
+            (
+                float(a.model_load_seconds)
+                for role in ("prefill", "decode")
+                if (a := spec.pool(role).autoscaling)
+            ),
+            default=None,
+        ),
     )

@@ -57,6 +57,8 @@ ROUTER_ITL: Final = f"{ROUTER_PREFIX}_inter_token_latency_seconds"
 ROUTER_PREFILL_LEG: Final = f"{ROUTER_PREFIX}_prefill_leg_seconds"
 ROUTER_PROMPT_TOKENS: Final = f"{ROUTER_PREFIX}_prompt_tokens"
 ROUTER_FALLBACKS: Final = f"{ROUTER_PREFIX}_fallbacks"
+ROUTER_DECISIONS: Final = f"{ROUTER_PREFIX}_disaggregation_decisions"
+PEER_PREFILL_REASON: Final = "prefill_saturated"  # prefilled on an idle peer decode pod (role lending)
 ROUTER_THRESHOLD: Final = f"{ROUTER_PREFIX}_prefill_threshold_tokens"
 ROUTER_IN_FLIGHT: Final = f"{ROUTER_PREFIX}_in_flight_requests"
 ROUTES: Final = ("direct", "disaggregated", "fallback", "lent")
@@ -139,6 +141,7 @@ class RouterWindow:
     prefill_leg: Histogram | None = None
     prompt_tokens: Histogram | None = None
     fallbacks: Mapping[str, float] = field(default_factory=dict)  # by reason
+    peer_prefills: float = 0.0  # disaggregated requests prefilled on a peer decode pod (role lending)
     threshold_tokens: float | None = None
     in_flight: Mapping[str, Gauge] = field(default_factory=dict)  # per engine pod, by role
 
@@ -276,11 +279,12 @@ def _router_window(pairs: Sequence[tuple[Page | None, Page]], gauge_pages: Seque
         def counts(page: Page) -> Counts:
             routes = [_counter(page, ROUTER_REQUESTS, "route", r) or 0.0 for r in ROUTES]
             reasons = [_counter(page, ROUTER_FALLBACKS, "reason", r) or 0.0 for r in FALLBACK_REASONS]
-            return Counts((*routes, *reasons))
+            peer = _counter(page, ROUTER_DECISIONS, "reason", PEER_PREFILL_REASON) or 0.0
+            return Counts((*routes, *reasons, peer))
 
         summer.counters("router", counts(earlier) if earlier is not None else None, counts(later))
         thresholds += _gauges(later, ROUTER_THRESHOLD)
-    totals = summer.counts.get("router", Counts((0.0,) * (len(ROUTES) + len(FALLBACK_REASONS)))).values
+    totals = summer.counts.get("router", Counts((0.0,) * (len(ROUTES) + len(FALLBACK_REASONS) + 1))).values
     in_flight: dict[str, list[float]] = {}
     for page in gauge_pages:
         for sample_name, labels, value in page.get(ROUTER_IN_FLIGHT, []):
@@ -293,7 +297,8 @@ def _router_window(pairs: Sequence[tuple[Page | None, Page]], gauge_pages: Seque
         itl={r: h for r in ROUTES if (h := summer.histograms.get(f"itl/{r}")) is not None and h.count},
         prefill_leg=summer.histograms.get("leg"),
         prompt_tokens=summer.histograms.get("prompt"),
-        fallbacks=dict(zip(FALLBACK_REASONS, totals[len(ROUTES) :], strict=True)),
+        fallbacks=dict(zip(FALLBACK_REASONS, totals[len(ROUTES) : -1], strict=True)),
+        peer_prefills=totals[-1],
         threshold_tokens=sum(thresholds) / len(thresholds) if thresholds else None,
         in_flight={role: g for role, values in in_flight.items() if (g := Gauge.of(values)) is not None},
     )

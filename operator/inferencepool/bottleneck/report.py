@@ -8,8 +8,8 @@ import textwrap
 from collections.abc import Sequence
 
 from inferencepool.autoscaler.histogram import Histogram
-from inferencepool.diagnosis.core import Diagnosis, Latency, WhatIfRow
-from inferencepool.diagnosis.settings import PoolSettings
+from inferencepool.bottleneck.core import Diagnosis, Latency, WhatIfRow
+from inferencepool.bottleneck.settings import PoolSettings
 
 BAR_WIDTH = 40
 WIDTH = 110

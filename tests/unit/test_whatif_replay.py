@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from inferencepool.autoscaler.histogram import Histogram
-from inferencepool.diagnose.whatif import TrafficSketch, scenarios, synthetic_trace, what_if
-from inferencepool.diagnosis.core import diagnose, with_what_if
-from inferencepool.diagnosis.settings import PoolSettings, settings_from_pool
-from inferencepool.diagnosis.window import EngineWindow, PoolWindow, RouterWindow
+from inferencepool.bottleneck.core import diagnose, with_what_if
+from inferencepool.bottleneck.settings import PoolSettings, settings_from_pool
+from inferencepool.bottleneck.window import EngineWindow, PoolWindow, RouterWindow
 from inferencepool.engine_sim.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from inferencepool.perf.profiles import get_profile
 from inferencepool.router.metrics import PROMPT_BUCKETS
@@ -23,6 +22,7 @@ from inferencepool.sim.cluster import ClusterSim, Scenario, ScenarioResult, simu
 from inferencepool.sim.pool import deployed_scenario, load_pool
 from inferencepool.sim.report import Slo, summarize
 from inferencepool.sim.scrape import histogram_of
+from inferencepool.whatif.replay import TrafficSketch, scenarios, synthetic_trace, what_if
 
 pytestmark = pytest.mark.sim  # the what-if replays traces through the simulator
 

@@ -7,15 +7,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from inferencepool.api.v1alpha1 import InferencePool
-from inferencepool.diagnose.whatif import (
+from inferencepool.bottleneck.core import Diagnosis, WhatIfRow, diagnose, with_what_if
+from inferencepool.bottleneck.settings import PoolSettings
+from inferencepool.bottleneck.sizing import size
+from inferencepool.bottleneck.window import PoolWindow, Snapshot, window
+from inferencepool.perf.profiles import EngineProfile
+from inferencepool.whatif.replay import (
     DEFAULT_MAX_REQUESTS,
     DEFAULT_SECONDS,
     what_if,
 )
-from inferencepool.diagnosis.core import Diagnosis, WhatIfRow, diagnose, with_what_if
-from inferencepool.diagnosis.settings import PoolSettings
-from inferencepool.diagnosis.window import PoolWindow, Snapshot, window
-from inferencepool.perf.profiles import EngineProfile
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ def analyse(
     its traffic in the simulator and withdraw advice the replay contradicts (as deployed: the `pool`'s spec
     when given)."""
     measured = window(earlier, later, during)
-    diagnosis = diagnose(measured, settings)
+    diagnosis = diagnose(measured, settings, size(earlier, later, settings))
     if profile is None or not diagnosis.enough_data:
         return Analysis(measured, diagnosis, None)
     table = what_if(

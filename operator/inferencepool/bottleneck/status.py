@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from inferencepool.api.v1alpha1 import CONDITION_BOTTLENECK, ConditionStatus
-from inferencepool.diagnosis.core import Advice, Diagnosis
+from inferencepool.bottleneck.core import Advice, Diagnosis
 
 __all__ = ["CONDITION_BOTTLENECK", "MAX_ADVICE", "bottleneck_condition", "bottleneck_status"]
 

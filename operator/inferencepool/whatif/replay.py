@@ -20,8 +20,8 @@ from typing import Final
 
 from inferencepool.api.v1alpha1 import InferencePool, RoutingPolicy
 from inferencepool.autoscaler.histogram import Histogram
-from inferencepool.diagnosis.core import Diagnosis, WhatIfRow
-from inferencepool.diagnosis.settings import PoolSettings
+from inferencepool.bottleneck.core import Diagnosis, WhatIfRow
+from inferencepool.bottleneck.settings import PoolSettings
 from inferencepool.perf.profiles import EngineProfile
 from inferencepool.sim.cluster import Scenario, simulate
 from inferencepool.sim.pool import deployed_scenario

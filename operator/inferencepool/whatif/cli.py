@@ -131,7 +131,7 @@ def snapshot_text(raw: RawSnapshot) -> str:
 
 def to_snapshot(raw: RawSnapshot, source: str) -> Any:
     from inferencepool.autoscaler.histogram import MetricsError, parse_page
-    from inferencepool.diagnosis.window import PodPage, Snapshot
+    from inferencepool.bottleneck.window import PodPage, Snapshot
 
     at, pages = raw
     parsed = []
@@ -205,7 +205,7 @@ def _profile_name(args: argparse.Namespace, pool: Any) -> str:
 def _settings(args: argparse.Namespace, pool: Any, later: Any) -> Any:
     from dataclasses import replace
 
-    from inferencepool.diagnosis.settings import PoolSettings, settings_from_pool
+    from inferencepool.bottleneck.settings import PoolSettings, settings_from_pool
 
     found = {role: sum(p.role == role for p in later.pages) for role in ("prefill", "decode")}
     if pool is not None:
@@ -213,6 +213,9 @@ def _settings(args: argparse.Namespace, pool: Any, later: Any) -> Any:
             pool, {r: n for r, n in found.items() if n}, args.ttft_slo_ms, args.itl_slo_ms
         )
     else:
+        from inferencepool.autoscaler.capacity import from_profile
+        from inferencepool.perf.profiles import get_profile
+
         policy = args.policy or ("LengthAware" if found["prefill"] else "Colocated")
         settings = PoolSettings(
             ttft_target_ms=args.ttft_slo_ms or 800,
@@ -220,13 +223,15 @@ def _settings(args: argparse.Namespace, pool: Any, later: Any) -> Any:
             policy=policy,
             prefill_replicas=found["prefill"] if policy != "Colocated" else 0,
             decode_replicas=max(found["decode"], 1),
+            # the planner sizes replicas with the profile's table (with a pool: its engines', as the operator)
+            capacity=from_profile(get_profile(_profile_name(args, pool))),
         )
     changes: dict[str, Any] = {}
     if args.percentile is not None:
         changes["percentile"] = args.percentile
     threshold = args.threshold
     if threshold is None and pool is None:
-        from inferencepool.diagnosis.window import ROUTER_THRESHOLD
+        from inferencepool.bottleneck.window import ROUTER_THRESHOLD
 
         gauges = [s[2] for p in later.pages if p.role == "router" for s in p.page.get(ROUTER_THRESHOLD, [])]
         threshold = round(sum(gauges) / len(gauges)) if gauges else None
@@ -240,10 +245,10 @@ def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from inferencepool.api.v1alpha1 import API_VERSION, InferencePool
-    from inferencepool.diagnose.analysis import analyse
-    from inferencepool.diagnosis.report import render
-    from inferencepool.diagnosis.window import WindowError
+    from inferencepool.bottleneck.report import render
+    from inferencepool.bottleneck.window import WindowError
     from inferencepool.perf.profiles import get_profile
+    from inferencepool.whatif.analysis import analyse
 
     def fail(message: str) -> int:
         print(f"inferencepool diagnose: {message}", file=sys.stderr)

@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 
 from inferencepool.autoscaler.histogram import Histogram
-from inferencepool.diagnosis.core import (
+from inferencepool.autoscaler.planner import RolePlan
+from inferencepool.bottleneck.core import (
     Diagnosis,
     WhatIfRow,
     diagnose,
@@ -18,9 +19,10 @@ from inferencepool.diagnosis.core import (
     token_share_above,
     with_what_if,
 )
-from inferencepool.diagnosis.settings import EngineSettings, PoolSettings
-from inferencepool.diagnosis.status import bottleneck_condition, bottleneck_status
-from inferencepool.diagnosis.window import EngineWindow, Gauge, PoolWindow, RouterWindow
+from inferencepool.bottleneck.settings import EngineSettings, PoolSettings
+from inferencepool.bottleneck.sizing import Sizing
+from inferencepool.bottleneck.status import bottleneck_condition, bottleneck_status
+from inferencepool.bottleneck.window import EngineWindow, Gauge, PoolWindow, RouterWindow
 from inferencepool.engine_sim.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from inferencepool.router.metrics import PROMPT_BUCKETS
 
@@ -435,14 +437,39 @@ def test_token_share_and_threshold_follow_the_prompt_histogram() -> None:
     assert threshold_for_share(histogram, 1.0, (512, 32768)) == 512  # bounds hold
 
 
+def sized(prefill: int, decode: int) -> Sizing:
+    """The planner's sizing (`bottleneck.sizing.size` reads it from the pages: test_controller_bottleneck.py)
+    as wanted replicas per role, with figures to quote."""
+
+    def plan(role: str, wanted: int) -> RolePlan:
+        return RolePlan(role, 2, 2, wanted, wanted, "ForecastUp", "", 1.5, 1.8, 0.45, 1.0, 1.0, None, 0.04)
+
+    return Sizing(plan("prefill", prefill), plan("decode", decode))
+
+
+def test_the_replicas_advised_are_the_planner_s_sizing_of_the_window() -> None:
+    """One sizing rule: the planner's. The diagnosis advises what it wants for the window's load, at least one
+    more replica (the role misses its target), and says when the pages let the planner size nothing."""
+    advised = diagnose(decode_bound(), PD, sized(prefill=2, decode=6)).advice_of("AddDecodeReplicas")
+    assert advised is not None and advised.replicas == 6
+    assert "the planner sizes this load at 6: 1.80 engine-s/s forecast at 0.45 per replica" in advised.text
+    below = diagnose(decode_bound(), PD, sized(prefill=2, decode=2)).advice_of("AddDecodeReplicas")
+    assert below is not None and below.replicas == PD.decode_replicas + 1
+    prefill = diagnose(prefill_bound(), PD, sized(prefill=5, decode=2)).advice_of("AddPrefillReplicas")
+    assert prefill is not None and prefill.replicas == 5
+    unsized = diagnose(decode_bound(), PD).advice_of("AddDecodeReplicas")
+    assert unsized is not None and unsized.replicas == PD.decode_replicas + 1
+    assert "the planner could not size the load" in unsized.text
+
+
 def test_a_pool_at_its_autoscaling_ceiling_is_told_to_raise_it() -> None:
-    at_ceiling = diagnose(decode_bound(), replace(PD, max_replicas={"decode": 2}))
+    at_ceiling = diagnose(decode_bound(), replace(PD, max_replicas={"decode": 2}), sized(2, 5))
     advice = at_ceiling.advice_of("AddDecodeReplicas")
     assert advice is not None and "spec.decode.autoscaling.maxReplicas (2)" in advice.text
-    assert advice.replicas is not None and advice.replicas > 2
-    below = diagnose(decode_bound(), replace(PD, max_replicas={"decode": 3}))
+    assert advice.replicas == 5 and "raise it to 5" in advice.text
+    below = diagnose(decode_bound(), replace(PD, max_replicas={"decode": 3}), sized(2, 5))
     capped = below.advice_of("AddDecodeReplicas")
-    assert capped is not None and capped.replicas == 3 and "would be needed" in capped.text
+    assert capped is not None and capped.replicas == 3 and "5 would be needed" in capped.text
 
 
 def test_short_prefills_in_decode_batches_are_not_interference() -> None:
@@ -492,3 +519,22 @@ def test_a_split_that_lends_much_of_its_work_is_told_to_move_a_prefill_replica_t
     assert len(advice) == 1 and advice[0].replicas == 3
     assert "split 2P:2D -> 1P:3D" in advice[0].text and "33% of requests were lent" in advice[0].text
     assert "AddDecodeReplicas" not in kinds(diagnose(lending(0.5 * total), replace(PD, prefill_replicas=1)))
+
+
+def test_decode_pods_that_prefill_much_for_each_other_are_told_to_move_one_to_prefill() -> None:
+    window = healthy()
+    assert window.router is not None
+    total = window.router.total_requests
+
+    def peer_prefilled(count: float) -> PoolWindow:
+        return replace(window, router=replace(window.router, peer_prefills=count))
+
+    some = diagnose(peer_prefilled(0.1 * total), PD)  # a tenth: lending answers the bursts, the split stands
+    assert "AddPrefillReplicas" not in kinds(some)
+    assert any("10% of requests were prefilled on a peer decode engine" in line for line in some.evidence)
+    much = diagnose(peer_prefilled(0.4 * total), PD)
+    advice = [a for a in much.advice if a.kind == "AddPrefillReplicas"]
+    assert len(advice) == 1 and advice[0].replicas == 3
+    assert "split 2P:2D -> 3P:1D" in advice[0].text and "40% of requests were prefilled" in advice[0].text
+    one_decode = replace(PD, decode_replicas=1)
+    assert "AddPrefillReplicas" not in kinds(diagnose(peer_prefilled(0.4 * total), one_decode))
