@@ -5,7 +5,7 @@
    continuation re-tokenizes the text so far, see docs/engine-contract.md section 8).
 2. A prefill engine killed after its answer, before the decode engine read the KV: the decode engine's NIXL
    read fails (kv_load_failure_policy fail), and the router serves the request colocated, with the colocated
-   answer.
+   answer. Restarted on its address (a new NIXL engine id), the decode engine reads from it again.
 3. A prefill engine drained (the pod's preStop hook, then SIGTERM with --shutdown-timeout) right after its
    prefill leg answered: the client gets the colocated answer (read from the draining engine, or served
    colocated when that read fails), and the engine exits 0 once its KV is read or its lease expired.
@@ -190,6 +190,39 @@ async def test_prefill_engine_killed_before_the_read_is_served_colocated(
     )
     colocated = await call(decode.url, "/v1/completions", body)
     assert routed.text == colocated.text and len(routed.text) > 0
+
+
+async def test_a_restarted_prefill_engine_is_a_new_peer_the_decode_engine_reads_from(fleet: Fleet) -> None:
+    """The prefill pod killed above restarts: same address, a new engine (the operator pins no NIXL
+    engine_id, so vLLM draws a new one). The decode engine, which read from the previous engine before,
+    sees the new engine id at the same address, hands its old peer state over, and reads the KV from the new
+    engine: the answer is the colocated one and no read fails (vLLM #49238's stale peer does not happen)."""
+    prefill = fleet.prefill
+    decode = next(engine for engine in fleet.decodes if engine.alive())
+    assert not prefill.alive()
+    prefill.start()
+    await asyncio.to_thread(wait_healthy, [prefill])
+    body = {
+        "model": fleet.served_name,
+        "prompt": await prompt_of(fleet, 1500),
+        "max_tokens": 24,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    reads = await metric_value(decode, "vllm:nixl_xfer_time_seconds_count")
+    failed = await metric_value(decode, "vllm:request_success_total", finished_reason="error")
+    leg, decoded = await hand_off(prefill, decode, body)
+    assert decoded.status == 200, decoded.body
+    assert await metric_value(decode, "vllm:nixl_xfer_time_seconds_count") > reads  # read over NIXL
+    assert await metric_value(decode, "vllm:request_success_total", finished_reason="error") == failed
+    # vLLM's own account of the replacement (nixl/base_worker.py:_track_remote_engine_replacement)
+    new_engine = leg.body["kv_transfer_params"]["remote_engine_id"]
+    changed = [
+        line for line in decode.log_text().splitlines() if "changed from" in line and new_engine in line
+    ]
+    assert changed, decode.log_tail()
+    colocated = await call(decode.url, "/v1/completions", body)
+    assert decoded.text == colocated.text and len(colocated.text) > 0
 
 
 def run_prestop(engine: RealEngine, fleet: Fleet) -> float:
