@@ -215,7 +215,8 @@ async def _start_engine(args: argparse.Namespace) -> tuple[asyncio.subprocess.Pr
         stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert process.stdout is not None
-    line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+    async with asyncio.timeout(60):
+        line = (await process.stdout.readline()).decode()
     match = re.search(r"listening on (\S+)", line)
     if not match:
         process.kill()
@@ -261,7 +262,8 @@ async def _bench(args: argparse.Namespace, levels: list[int]) -> list[Level]:
     finally:
         process.terminate()
         try:
-            await asyncio.wait_for(process.wait(), 15)
+            async with asyncio.timeout(15):
+                await process.wait()
         except TimeoutError:
             process.kill()
             await process.wait()

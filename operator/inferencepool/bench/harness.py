@@ -55,7 +55,8 @@ async def start(argv: list[str], env: dict[str, str] | None = None) -> tuple[asy
         start_new_session=True,
     )
     assert process.stdout is not None
-    line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+    async with asyncio.timeout(60):
+        line = (await process.stdout.readline()).decode()
     match = re.search(r"listening on (\S+)", line)
     if not match:
         process.kill()

@@ -235,11 +235,13 @@ async def one_round(args: argparse.Namespace, mode: str, http: Any) -> Round:
             )
             for i, (path, body) in enumerate(requests)
         ]
-        await asyncio.wait_for(asyncio.gather(*(p.wait() for p in progressed)), 120)
+        async with asyncio.timeout(120):
+            await asyncio.gather(*(p.wait() for p in progressed))
         doomed = started[engines[0][0]]
         killed_at = time.monotonic()
         doomed.send_signal(signal.SIGKILL)
-        answers = await asyncio.wait_for(asyncio.gather(*streams), 300)
+        async with asyncio.timeout(300):
+            answers = await asyncio.gather(*streams)
         seconds = time.monotonic() - began
         resumed, router_broken = await _resumed(http, router)
     verdicts = [a.verdict(r) for a, r in zip(answers, reference, strict=True)]

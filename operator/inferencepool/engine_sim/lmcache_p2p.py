@@ -268,8 +268,12 @@ class P2PWorker:
         async with self._dealer_lock:
             assert self._dealer is not None
             try:
-                await asyncio.wait_for(self._dealer.send_multipart([b"", frame]), self.p2p.send_timeout_s)
-                frames = await asyncio.wait_for(self._dealer.recv_multipart(), self.p2p.recv_timeout_s)
+                async with asyncio.timeout(
+                    self.p2p.send_timeout_s
+                ):  # not wait_for (3.11, see router/http1.py)
+                    await self._dealer.send_multipart([b"", frame])
+                async with asyncio.timeout(self.p2p.recv_timeout_s):
+                    frames = await self._dealer.recv_multipart()
             except (TimeoutError, zmq.ZMQError):
                 self._dealer.close(linger=0)
                 self._dealer = self._socket(zmq.DEALER)
@@ -422,8 +426,10 @@ class P2PWorker:
             socket.connect(tcp(host, port))
             answer: tuple[str, dict[str, Any]] = ("", {})
             for frame in frames:
-                await asyncio.wait_for(socket.send(frame), self.p2p.send_timeout_s)
-                answer = wire.decode(await asyncio.wait_for(socket.recv(), self.p2p.recv_timeout_s))
+                async with asyncio.timeout(self.p2p.send_timeout_s):
+                    await socket.send(frame)
+                async with asyncio.timeout(self.p2p.recv_timeout_s):
+                    answer = wire.decode(await socket.recv())
             return answer
         finally:
             socket.close(linger=0)

@@ -759,10 +759,12 @@ class Upstream:
         host, _, port = authority.rpartition(":")
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _ClientConnection(pool), host.strip("[]"), int(port)),
-                self._connect_seconds,
-            )
+            # not wait_for: on Python 3.11 it swallows a cancellation that lands as the connection opens,
+            # and a cancelled task (the metrics scraper of a pod that accepts and never answers) runs on
+            async with asyncio.timeout(self._connect_seconds):
+                _, conn = await loop.create_connection(
+                    lambda: _ClientConnection(pool), host.strip("[]"), int(port)
+                )
         except TimeoutError as error:
             raise UpstreamFailure("connect", f"connect to {authority} timed out") from error
         except OSError as error:

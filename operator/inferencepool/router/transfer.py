@@ -186,7 +186,8 @@ class LMCachePDTransfer(_PrefillLegs):
                 return None
             try:
                 # The engine answers once prefill is done; its push to the decode pod may still be in flight.
-                await asyncio.wait_for(pushed, self.config.timeouts.kv_push_seconds)
+                async with asyncio.timeout(self.config.timeouts.kv_push_seconds):  # not wait_for (3.11)
+                    await pushed
             except TimeoutError:
                 log.warning(
                     "no KV push notification from %s within %d s: %s prefills by itself",
