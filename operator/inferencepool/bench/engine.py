@@ -15,13 +15,14 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from inferencepool.bench import harness
 
 DEFAULT_LEVELS = "1,4,16,64,128,256,512,1024"
 
@@ -207,21 +208,15 @@ async def measure(
 
 
 async def _start_engine(args: argparse.Namespace) -> tuple[asyncio.subprocess.Process, str]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "inferencepool", "fake-engine", "serve", "bench",
-        "--host", "127.0.0.1", "--port", "0", "--profile", args.profile,
-        "--time-scale", str(args.time_scale), "--log-level", "WARNING",
-        "--max-model-len", str(max(2048, args.prompt_tokens + args.output_tokens + 16)),
-        stdout=asyncio.subprocess.PIPE,
+    process, url = await harness.start(
+        [
+            sys.executable, "-m", "inferencepool", "fake-engine", "serve", "bench",
+            "--host", "127.0.0.1", "--port", "0", "--profile", args.profile,
+            "--time-scale", str(args.time_scale), "--log-level", "WARNING",
+            "--max-model-len", str(max(2048, args.prompt_tokens + args.output_tokens + 16)),
+        ]
     )  # fmt: skip
-    assert process.stdout is not None
-    async with asyncio.timeout(60):
-        line = (await process.stdout.readline()).decode()
-    match = re.search(r"listening on (\S+)", line)
-    if not match:
-        process.kill()
-        raise RuntimeError(f"fake engine did not start: {line!r}")
-    return process, f"http://{match.group(1)}/v1/completions"
+    return process, url + "/v1/completions"
 
 
 async def _bench(args: argparse.Namespace, levels: list[int]) -> list[Level]:
