@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 
 import aiohttp
+import pytest
 from tests.http.router_harness import (
     LONG_PROMPT,
     MODEL,
@@ -72,7 +73,16 @@ async def go_away(client: asyncio.Task[None]) -> None:
         await client
 
 
-async def test_a_client_gone_during_the_prefill_leg_frees_the_prefill_pods_kv_at_once() -> None:
+# where the client leaves: (the pod whose leg is open, max_tokens, the metric that says the leg runs there)
+DURING_A_LEG = {
+    "prefill leg": ("prefill", 8, "vllm:num_requests_running"),  # the prefill leg is computing
+    "mid decode": ("decode", 200, "vllm:generation_tokens"),  # the decode leg is streaming
+}
+
+
+@pytest.mark.parametrize("where", DURING_A_LEG)
+async def test_a_client_gone_during_a_leg_frees_that_pods_kv_at_once(where: str) -> None:
+    role, max_tokens, running = DURING_A_LEG[where]
     async with (
         engines(["prefill", "decode"], kv_lease_s=LEASE_S, profile="cpu-demo", time_scale=SLOW) as (
             prefill,
@@ -81,32 +91,17 @@ async def test_a_client_gone_during_the_prefill_leg_frees_the_prefill_pods_kv_at
         running_router(config_for([prefill], [decode], policy="AlwaysDisaggregate")) as router,
         aiohttp.ClientSession() as http,
     ):
-        client = long_request(router, http, 8)
-        await until(prefill, "vllm:num_requests_running")  # the prefill leg is computing
-        assert await kv_usage(prefill) > 0
+        pod = prefill if role == "prefill" else decode
+        client = long_request(router, http, max_tokens)
+        await until(pod, running)
+        assert await kv_usage(pod) > 0
         await go_away(client)
         await assert_kv_freed(prefill, decode)
-        # the prefill engine aborted the leg (no decode leg was sent: nothing holds KV for one)
-        assert await metric_sum(prefill.url, "vllm:request_success", finished_reason="abort") == 1
-        assert await metric_sum(decode.url, "vllm:request_success") == 0
-
-
-async def test_a_client_gone_mid_decode_frees_the_decode_pods_kv_at_once() -> None:
-    async with (
-        engines(["prefill", "decode"], kv_lease_s=LEASE_S, profile="cpu-demo", time_scale=SLOW) as (
-            prefill,
-            decode,
-        ),
-        running_router(config_for([prefill], [decode], policy="AlwaysDisaggregate")) as router,
-        aiohttp.ClientSession() as http,
-    ):
-        client = long_request(router, http, 200)
-        await until(decode, "vllm:generation_tokens")  # the decode leg is streaming
-        assert await kv_usage(decode) > 0
-        await go_away(client)
-        await assert_kv_freed(prefill, decode)
-        assert await metric_sum(decode.url, "vllm:request_success", finished_reason="abort") == 1
+        # the engine aborted the open leg; the router counted the client gone
+        assert await metric_sum(pod.url, "vllm:request_success", finished_reason="abort") == 1
         assert await metric_sum(router.url, "inferencepool_router_client_disconnects") == 1
+        if role == "prefill":  # no decode leg was sent: nothing holds KV for one
+            assert await metric_sum(decode.url, "vllm:request_success") == 0
 
 
 async def test_a_client_gone_between_the_legs_frees_the_prefill_pods_kv_before_the_lease() -> None:
