@@ -6,8 +6,7 @@ it listens on, stop all of them however the run ends, and read a /metrics page.
         router = await start_router(started, {"static": {"prefill": [], "decode": [engine.url]}, ...})
 
 A process is started in its own session (a signal to it reaches nothing else) with its output drained (a full
-pipe would stall it). `bench hung`, `bench resume`, `bench aborts` and `bench kill` use it; `bench overload`
-can adopt it (it still imports resume's names).
+pipe would stall it). `bench hung`, `bench resume`, `bench aborts`, `bench kill` and `bench overload` use it.
 """
 
 from __future__ import annotations

@@ -18,18 +18,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inferencepool.bench.resume import _processes, _start
+from inferencepool.bench.harness import MODEL, fake_engine, processes, start_router
 
-MODEL = "bench"
 MODES = ("queue", "shed")
 
 
@@ -124,17 +121,12 @@ async def _client(
 
 async def one_run(args: argparse.Namespace, mode: str, http: Any) -> Result:
     result = Result(mode, target_s=args.ttft_target_ms / 1000)
-    async with _processes() as started:
-        urls = []
-        for _ in range(args.engines):
-            process, url = await _start(
-                [sys.executable, "-m", "inferencepool", "fake-engine", "serve", MODEL,
-                 "--profile", "cpu-demo", "--time-scale", str(args.time_scale),
-                 "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", "2048",
-                 "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING"]
-            )  # fmt: skip
-            started.append(process)
-            urls.append(url)
+    engine_flags = ("--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", "2048")
+    async with processes() as started:
+        urls = [
+            (await fake_engine(started, *engine_flags, time_scale=args.time_scale)).url
+            for _ in range(args.engines)
+        ]
         config = {
             "static": {"prefill": [], "decode": urls},
             "servedModelName": MODEL,
@@ -142,13 +134,7 @@ async def one_run(args: argparse.Namespace, mode: str, http: Any) -> Result:
             "adaptiveThreshold": {"ttftTargetMilliseconds": args.ttft_target_ms},
             "overload": {"enabled": mode == "shed", "maxQueuedRequests": args.max_queued_requests},
         }
-        env = {**os.environ, "INFERENCEPOOL_ROUTER_CONFIG": json.dumps(config)}
-        process, router = await _start(
-            [sys.executable, "-m", "inferencepool", "router", "--host", "127.0.0.1", "--port", "0",
-             "--log-level", "ERROR"],
-            env,
-        )  # fmt: skip
-        started.append(process)
+        router = (await start_router(started, config)).url
         clients = round(args.load * args.engines * args.max_num_seqs)
         counted = time.monotonic() + args.warmup_seconds
         stop = counted + args.seconds

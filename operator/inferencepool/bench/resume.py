@@ -31,7 +31,6 @@ from inferencepool.bench.harness import MODEL
 
 MODES = ("resume", "no-resume")
 # bench overload's start-up, until it adopts the harness
-_start, _processes = harness.start, harness.processes
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
