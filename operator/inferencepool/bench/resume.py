@@ -30,7 +30,6 @@ from inferencepool.bench import harness
 from inferencepool.bench.harness import MODEL
 
 MODES = ("resume", "no-resume")
-# bench overload's start-up, until it adopts the harness
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -9,6 +9,9 @@
 3. A prefill engine drained (the pod's preStop hook, then SIGTERM with --shutdown-timeout) right after its
    prefill leg answered: the client gets the colocated answer (read from the draining engine, or served
    colocated when that read fails), and the engine exits 0 once its KV is read or its lease expired.
+4. A prefill engine of another KV layout (float32 beside the pool's bfloat16, its pod labelled with that
+   pool's KV-compatibility hash) beside the pool: the router pairs it with no decode pod of the pool; and
+   vLLM itself refuses its KV at the handshake, so a pairing defect would fail requests.
 """
 
 from __future__ import annotations
@@ -26,11 +29,20 @@ import aiohttp
 import pytest
 
 from inferencepool.builders.engine import SHUTDOWN_TIMEOUT_SECONDS
+from inferencepool.builders.kvcompat import kv_compat_hash
 from inferencepool.cluster.vllm_cpu import CpuEngine
+from inferencepool.router.pods import PodSpec
 from tests.http.router_harness import front, metric_sum, with_addresses
 from tests.real.engines.client import TIMEOUT, call, metric_value, operator_router_config, router
 from tests.real.engines.test_pd import prompt_of
-from tests.support.real_engines import Fleet, RealEngine, engine_pod, make_engines, wait_healthy
+from tests.support.real_engines import (
+    Fleet,
+    RealEngine,
+    engine_pod,
+    make_engines,
+    tier_pool,
+    wait_healthy,
+)
 
 STREAMS = 6
 MAX_TOKENS = 160
@@ -301,3 +313,61 @@ async def test_prefill_drained_with_a_hand_off_in_flight_serves_the_request_then
     print(f"\n[drain with a hand-off in flight] route {route}")
     colocated = await call(decode.url, "/v1/completions", body)
     assert routed.text == colocated.text and len(routed.text) > 0
+
+
+@pytest.fixture(scope="module")
+def float32_prefill(fleet: Fleet) -> Iterator[RealEngine]:
+    """A prefill pod of the tier's pool but for `--dtype float32` (the model is bfloat16), as a pod of a
+    rollout's other revision would be: another KV-compatibility hash. Started after the drain test, so
+    three engines run at most."""
+    pool = tier_pool(engine__extraArgs=["--dtype", "float32"])
+    assert kv_compat_hash(pool) != kv_compat_hash(fleet.pool)
+    engine = CpuEngine(venv=fleet.prefill.plan.env["VIRTUAL_ENV"], model=str(fleet.model))
+    alive = [core for e in fleet.engines if e.alive() for core in e.cores]
+    (other,) = make_engines(pool, [("prefill", 2)], engine, fleet.root, alive)
+    other.start()
+    try:
+        wait_healthy([other])
+        yield other
+    finally:
+        other.stop()
+
+
+async def test_a_prefill_engine_of_another_kv_layout_is_never_paired_and_vllm_refuses_its_kv(
+    fleet: Fleet, float32_prefill: RealEngine
+) -> None:
+    prefill, other = fleet.prefill, float32_prefill
+    decode = next(engine for engine in fleet.decodes if engine.alive())
+    assert prefill.alive(), "the restarted prefill engine of the test above"
+    body = {"model": fleet.served_name, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    ours, theirs = (
+        kv_compat_hash(fleet.pool),
+        kv_compat_hash(tier_pool(engine__extraArgs=["--dtype", "float32"])),
+    )
+    # The router, as the Pod watch would feed it: a prefill pod of each hash, the pool's decode pod.
+    config = operator_router_config(fleet, policy="AlwaysDisaggregate")
+    async with router(fleet, config) as running:
+        running.router.pods.apply(
+            [
+                PodSpec("prefill-0", prefill.url, "prefill", kv_compat=ours),
+                PodSpec("prefill-2", other.url, "prefill", kv_compat=theirs),
+                PodSpec("decode-1", decode.url, "decode", kv_compat=ours),
+            ]
+        )
+        served_before = await metric_value(other, "vllm:request_success_total", finished_reason="length")
+        for k in range(4):
+            routed = await call(
+                running.url, "/v1/completions", {**body, "prompt": await prompt_of(fleet, 600 + k)}
+            )
+            assert routed.status == 200, routed.body
+            assert routed.headers["X-Inferencepool-Route"] == "disaggregated"
+    assert await metric_value(other, "vllm:request_success_total", finished_reason="length") == served_before
+    # The pairing the router refuses, made by hand: the float32 engine prefills, the decode engine's NIXL
+    # handshake with it fails on vLLM's own check (nixl/metadata.py compute_nixl_compatibility_hash: dtype).
+    leg, decoded = await hand_off(other, decode, {**body, "prompt": await prompt_of(fleet, 900)})
+    assert leg.status == 200, leg.body
+    assert decoded.status != 200 or not decoded.text, decoded.body
+    assert "NIXL compatibility hash mismatch" in decode.log_text(), decode.log_tail()
+    # The refused peer leaves the decode engine serving: the pool's own prefill engine still hands off.
+    _, after = await hand_off(prefill, decode, {**body, "prompt": await prompt_of(fleet, 700)})
+    assert after.status == 200 and after.text, after.body
