@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import bisect
-import math
 from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
+from tests.support.histograms import histogram
 
 from inferencepool.autoscaler.histogram import Histogram
 from inferencepool.autoscaler.planner import RolePlan
@@ -27,19 +26,6 @@ from inferencepool.engine_sim.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from inferencepool.router.metrics import PROMPT_BUCKETS
 
 SECONDS = 60.0
-
-
-def histogram(values: Sequence[float], bounds: Sequence[float]) -> Histogram:
-    """A cumulative histogram of `values` in Prometheus' buckets (`le` bounds, +Inf last)."""
-    edges = (*bounds, math.inf)
-    counts = [0] * len(edges)
-    for value in values:
-        counts[bisect.bisect_left(edges, value)] += 1
-    cumulative, total = [], 0
-    for count in counts:
-        total += count
-        cumulative.append(float(total))
-    return Histogram(tuple(edges), tuple(cumulative), float(sum(values)))
 
 
 def spread(low: float, high: float, n: int) -> list[float]:

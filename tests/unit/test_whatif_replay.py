@@ -3,14 +3,13 @@ on the vendored traces themselves (applying it must not lower goodput)."""
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from tests.support.histograms import histogram
 
-from inferencepool.autoscaler.histogram import Histogram
 from inferencepool.bottleneck.core import diagnose, with_what_if
 from inferencepool.bottleneck.settings import PoolSettings, settings_from_pool
 from inferencepool.bottleneck.window import EngineWindow, PoolWindow, RouterWindow
@@ -28,18 +27,6 @@ pytestmark = pytest.mark.sim  # the what-if replays traces through the simulator
 
 PROFILE = get_profile("llama-3.1-8b-h100")
 SLO = Slo(0.8, 0.04)
-
-
-def histogram(values: Sequence[float], bounds: Sequence[float]) -> Histogram:
-    edges = (*bounds, math.inf)
-    counts = [0] * len(edges)
-    for value in values:
-        counts[bisect.bisect_left(edges, value)] += 1
-    cumulative, total = [], 0
-    for count in counts:
-        total += count
-        cumulative.append(float(total))
-    return Histogram(tuple(edges), tuple(cumulative), float(sum(values)))
 
 
 def test_the_synthetic_trace_follows_the_sketch() -> None:
