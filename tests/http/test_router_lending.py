@@ -60,16 +60,27 @@ async def hog(engine: RunningEngine, tag: str) -> None:
             pass
 
 
+async def reached(url: str, name: str, count: float, **labels: str) -> None:
+    """Wait (bounded: 5 s) until the sum of `name` on `url`'s /metrics is `count` or more."""
+    for _ in range(500):
+        if await metric_sum(url, name, **labels) >= count:
+            return
+        await asyncio.sleep(0.01)
+
+
+async def decided(url: str, reason: str, count: int) -> None:
+    """Wait until the router has made `count` decisions for `reason`, and no more."""
+    await reached(url, DECISIONS, count, reason=reason)
+    assert await metric_sum(url, DECISIONS, reason=reason) == count
+
+
 @contextlib.asynccontextmanager
 async def saturated(url: str, decode: RunningEngine) -> AsyncIterator[None]:
     """Two long generations on the one-sequence decode engine, so one waits; returns once the router has
     read the waiting request off the engine's /metrics."""
     hogs = [asyncio.create_task(hog(decode, tag)) for tag in ("hog-a", "hog-b")]
     try:
-        for _ in range(500):
-            if await metric_sum(decode.url, "vllm:num_requests_waiting") >= 1:
-                break
-            await asyncio.sleep(0.01)
+        await reached(decode.url, "vllm:num_requests_waiting", 1)
         await asyncio.sleep(0.2)  # a few of the router's reads
         yield
     finally:
@@ -108,11 +119,7 @@ async def test_nothing_is_lent_with_lending_off() -> None:
         async with saturated(url, decode):
             # its decode leg waits behind the decode engine's queue: look at the decision meanwhile
             request = asyncio.create_task(complete(url, words("long", 300), max_tokens=1))
-            for _ in range(500):
-                if await metric_sum(url, DECISIONS, reason="long") >= 1:
-                    break
-                await asyncio.sleep(0.01)
-            assert await metric_sum(url, DECISIONS, reason="long") == 1
+            await decided(url, "long", 1)
             assert await metric_sum(url, DECISIONS, reason="decode_saturated") == 0
         status, _, headers = await request
         assert status == 200 and headers[ROUTE] == "disaggregated"
@@ -140,10 +147,7 @@ async def running(engine: RunningEngine) -> AsyncIterator[None]:
     """A long generation on the engine, running; returns once the router has read it off its /metrics."""
     task = asyncio.create_task(hog(engine, "busy"))
     try:
-        for _ in range(500):
-            if await metric_sum(engine.url, "vllm:num_requests_running") >= 1:
-                break
-            await asyncio.sleep(0.01)
+        await reached(engine.url, "vllm:num_requests_running", 1)
         await asyncio.sleep(0.2)
         yield
     finally:
@@ -183,11 +187,7 @@ async def test_an_idle_decode_pod_prefills_for_a_busy_one_while_the_prefill_pod_
                 # no idle decode pod left: it waits for the prefill pod (look at the decision meanwhile)
                 async with running(peer):
                     request = asyncio.create_task(complete(url, DOC + words("q4", 200), max_tokens=8))
-                    for _ in range(500):
-                        if await metric_sum(url, DECISIONS, reason="long") >= 3:
-                            break
-                        await asyncio.sleep(0.01)
-                    assert await metric_sum(url, DECISIONS, reason="long") == 3
+                    await decided(url, "long", 3)
                     assert await metric_sum(url, DECISIONS, reason="prefill_saturated") == 1
             status, _, headers = await request
             assert status == 200 and headers[ROUTE] == "disaggregated"
@@ -198,11 +198,7 @@ async def test_no_decode_pod_prefills_for_another_with_lending_off() -> None:
         _, index = await one_request(url, DOC + words("q1", 200), decodes)
         async with running(decodes[index]), saturated(url, prefill):
             request = asyncio.create_task(complete(url, DOC + words("q2", 200), max_tokens=8))
-            for _ in range(500):
-                if await metric_sum(url, DECISIONS, reason="long") >= 2:
-                    break
-                await asyncio.sleep(0.01)
-            assert await metric_sum(url, DECISIONS, reason="long") == 2
+            await decided(url, "long", 2)
             assert await metric_sum(url, DECISIONS, reason="prefill_saturated") == 0
         status, _, headers = await request
         assert status == 200 and headers[ROUTE] == "disaggregated"
