@@ -116,12 +116,14 @@ class Reply:
         self._conn.write(_whole(status, content_type, headers, body, close))
         self._conn.reply_done(close)
 
-    def start(self, status: int, content_type: str, headers: Headers = ()) -> None:
+    def start(self, status: int, content_type: str, headers: Headers = (), first: bytes = b"") -> None:
+        """The head of a streamed response, with the body's `first` bytes when there are some (one write)."""
         self.started = True
         close = not self._keep_alive or not self._chunked or self._conn.server.draining
         self._keep_alive = not close
         framing = b"Transfer-Encoding: chunked\r\n" if self._chunked else b""
-        self._conn.write(_head(status, content_type, headers, framing, close))
+        head = _head(status, content_type, headers, framing, close)
+        self._conn.write(head + self.frame(first) if first else head)
 
     def frame(self, data: bytes) -> bytes:
         """`data` as it goes on the wire (a chunk, or as is for HTTP/1.0); for callers that batch writes."""
@@ -520,6 +522,10 @@ class _ClientConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.lost = False
         self.idle_since = 0.0
+        # Body pieces parsed and not yet taken: the parser appends to the list itself (no Python frame per
+        # piece); one list for the connection's life, cleared, never replaced (the parser holds its append).
+        self.pieces: list[bytes] = []
+        self.on_body = self.pieces.append
         self._parser = httptools.HttpResponseParser(self)
         self._loop = asyncio.get_running_loop()
         self.reset()
@@ -532,9 +538,8 @@ class _ClientConnection(asyncio.Protocol):
         self.got_bytes = False
         self.headers_ready: asyncio.Future[None] = self._loop.create_future()
         self.done: asyncio.Future[None] | None = None
-        self._buffer: list[bytes] = []
-        self._sink: Callable[[bytes], None] | None = None
-        self._flush: Callable[[], None] | None = None
+        self.pieces.clear()
+        self._on_read: Callable[[list[bytes]], None] | None = None
         self.last_read = 0.0
         self._failure: UpstreamFailure | None = None
         self._unsolicited = False
@@ -556,8 +561,10 @@ class _ClientConnection(asyncio.Protocol):
                 self.fail(UpstreamFailure("protocol", f"malformed response from the engine: {error}"))
                 return
             self._drop_unsolicited()
-        if self._flush is not None:
-            self._flush()
+        on_read = self._on_read
+        if on_read is not None and (self.pieces or self.complete):
+            on_read(self.pieces)
+            self.pieces.clear()
 
     def _drop_unsolicited(self) -> None:
         """An engine that sends more than the one answer asked for is out of step with this connection: a
@@ -595,12 +602,6 @@ class _ClientConnection(asyncio.Protocol):
         if not self.headers_ready.done():
             self.headers_ready.set_result(None)
 
-    def on_body(self, body: bytes) -> None:
-        if self._sink is not None:
-            self._sink(body)
-        else:
-            self._buffer.append(body)
-
     def on_message_complete(self) -> None:
         self.complete = True
         self.keep_alive = self._parser.should_keep_alive()
@@ -628,13 +629,14 @@ class _ClientConnection(asyncio.Protocol):
         return self.done
 
     def take_buffer(self) -> bytes:
-        data = b"".join(self._buffer)
-        self._buffer = []
+        data = b"".join(self.pieces)
+        self.pieces.clear()
         return data
 
-    def attach(self, sink: Callable[[bytes], None], flush: Callable[[], None]) -> None:
-        self._sink = sink
-        self._flush = flush
+    def attach(self, on_read: Callable[[list[bytes]], None]) -> None:
+        """From now on `on_read` gets the body pieces of each read (and is called once the body is complete);
+        the list is cleared after the call, so it must not be kept."""
+        self._on_read = on_read
 
 
 class UpstreamResponse:
@@ -661,15 +663,16 @@ class UpstreamResponse:
         await self._until_done()
         return self._conn.take_buffer()
 
-    async def relay(self, on_data: Callable[[bytes], None], on_flush: Callable[[], None]) -> None:
-        """Hands every piece of body to `on_data` as the engine sends it, then `on_flush` once per read;
-        returns when the body has ended. A stream silent for the idle timeout fails with kind timeout."""
+    async def relay(self, on_read: Callable[[list[bytes]], None]) -> None:
+        """Hands `on_read` the body pieces of every read that brought some, as the engine sends them (the
+        list is reused: consume it in the call), and once more, maybe with none, on the read that ends the
+        body; returns when the body has ended. A stream silent for the idle timeout fails with kind
+        timeout."""
         conn = self._conn
-        early = conn.take_buffer()
-        if early:
-            on_data(early)
-            on_flush()
-        conn.attach(on_data, on_flush)
+        if conn.pieces:  # arrived before the relay began
+            early = [conn.take_buffer()]
+            on_read(early)
+        conn.attach(on_read)
         await self._until_done()
 
     async def _until_done(self) -> None:

@@ -159,7 +159,6 @@ class Relay:
         ttft_metric = self.metrics.ttft_by_route[route]
         sample = self.itl_sample
         ttft_sample = self.direct_ttft_sample if route != "disaggregated" else None
-        pending: list[bytes] = []
         previous = 0.0
         refused: list[bytes] = []
         held = b""
@@ -182,34 +181,33 @@ class Relay:
         if not reply.started:
             watchdog = loop.call_later(period, watch)
 
-        def on_data(data: bytes) -> None:
-            nonlocal previous
-            now = time.monotonic()
-            if previous:
-                gap = (now - previous) / (data.count(b"data:") or 1)
-                itl_metric.observe(gap)
-                if sample is not None:
-                    sample(gap)
-            elif continued is None:
-                ttft_metric.observe(now - started)
-                if leg.first_token is not None:
-                    leg.first_token()  # the pod has prefilled it (or loaded its KV): the router learns
-                if ttft_sample is not None:
-                    ttft_sample(now - started)
-            previous = now
-            pending.append(data)
-
-        def on_flush() -> None:
-            nonlocal held
-            # Everything one read brought goes out in one write; the last one carries the end of the body.
-            data = b"".join(pending) if len(pending) != 1 else pending[0]
-            pending.clear()
-            if not reply.started:
-                if retriable and is_error_event(data):
-                    refused.append(data)
-                    upstream.abort("the decode leg's first event is an error")
-                    return
-                reply.start(*head)
+        def on_read(pieces: list[bytes]) -> None:
+            nonlocal previous, held
+            if pieces:
+                # The pieces of one read arrived together: the first one's gap is since the last read, the
+                # others' none.
+                now = time.monotonic()
+                for piece in pieces:
+                    if previous:
+                        gap = (now - previous) / (piece.count(b"data:") or 1)
+                        itl_metric.observe(gap)
+                        if sample is not None:
+                            sample(gap)
+                    elif continued is None:
+                        ttft_metric.observe(now - started)
+                        if leg.first_token is not None:
+                            # the pod has prefilled it (or loaded its KV): the router learns
+                            leg.first_token()
+                        if ttft_sample is not None:
+                            ttft_sample(now - started)
+                    previous = now
+                data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            else:
+                data = b""
+            if not reply.started and retriable and is_error_event(data):
+                refused.append(data)
+                upstream.abort("the decode leg's first event is an error")
+                return
             complete = upstream.complete
             if sent is not None:
                 if held:
@@ -221,13 +219,19 @@ class Relay:
                 if continued is not None:
                     data = continued.events(data)
                 sent.append(data)
+            # Everything one read brought goes out in one write: the first with the headers, the last with
+            # the end of the body.
             if complete:
+                if not reply.started:
+                    reply.start(*head)
                 reply.end(data)
-            else:
+            elif reply.started:
                 reply.write(data)
+            else:
+                reply.start(*head, data)
 
         try:
-            await upstream.relay(on_data, on_flush)
+            await upstream.relay(on_read)
         except UpstreamFailure as failure:
             self.metrics.upstream_errors.labels(pod.name, pod.role, "stream").inc()
             if hung and not reply.started:
