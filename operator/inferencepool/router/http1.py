@@ -263,6 +263,8 @@ class _HeadMeter:
 class _ServerConnection(asyncio.Protocol):
     def __init__(self, server: Server) -> None:
         self.server = server
+        # the loop, found once a connection (asyncio.get_running_loop costs a getpid system call on 3.11)
+        self._loop = asyncio.get_running_loop()
         self.lost = False
         self.backpressure: tuple[Callable[[], None], Callable[[], None]] | None = None
         self._transport: asyncio.Transport | None = None
@@ -437,7 +439,7 @@ class _ServerConnection(asyncio.Protocol):
     # replies
     def _run(self, request: Request) -> None:
         reply = Reply(self, request.keep_alive and not self.server.draining, not request.http10)
-        self._task = asyncio.get_running_loop().create_task(self._serve(request, reply))
+        self._task = self._loop.create_task(self._serve(request, reply))
 
     async def _serve(self, request: Request, reply: Reply) -> None:
         try:
@@ -527,7 +529,7 @@ class _ClientConnection(asyncio.Protocol):
         self.pieces: list[bytes] = []
         self.on_body = self.pieces.append
         self._parser = httptools.HttpResponseParser(self)
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
         self.reset()
 
     def reset(self) -> None:
@@ -536,7 +538,7 @@ class _ClientConnection(asyncio.Protocol):
         self.complete = False
         self.keep_alive = False
         self.got_bytes = False
-        self.headers_ready: asyncio.Future[None] = self._loop.create_future()
+        self.headers_ready: asyncio.Future[None] = self.loop.create_future()
         self.done: asyncio.Future[None] | None = None
         self.pieces.clear()
         self._on_read: Callable[[list[bytes]], None] | None = None
@@ -621,7 +623,7 @@ class _ClientConnection(asyncio.Protocol):
 
     def finished(self) -> asyncio.Future[None]:
         if self.done is None:
-            self.done = self._loop.create_future()
+            self.done = self.loop.create_future()
             if self.complete:
                 self.done.set_result(None)
             elif self._failure is not None:
@@ -688,8 +690,9 @@ class UpstreamResponse:
         done.result()
 
     def _arm(self, delay: float | None = None) -> None:
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self._idle_seconds if delay is None else delay, self._check_idle)
+        self._timer = self._conn.loop.call_later(
+            self._idle_seconds if delay is None else delay, self._check_idle
+        )
 
     def _check_idle(self) -> None:
         silent = time.monotonic() - self._conn.last_read
@@ -786,7 +789,7 @@ class Upstream:
         # a stream's headers come once the engine accepted the request: the caller's limit, at most the idle
         # one
         limit = min(self._idle_seconds, timeout_seconds) if stream else timeout_seconds
-        timer = asyncio.get_running_loop().call_later(
+        timer = conn.loop.call_later(
             limit, conn.fail, UpstreamFailure("timeout", f"no answer from {authority} in {limit:g} s")
         )
         try:
