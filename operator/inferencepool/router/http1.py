@@ -621,6 +621,10 @@ class _ClientConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
+    def unanswered(self, authority: str, limit: float) -> None:
+        """The engine did not answer within `limit` (the failure is built only then: rarely)."""
+        self.fail(UpstreamFailure("timeout", f"no answer from {authority} in {limit:g} s"))
+
     def finished(self) -> asyncio.Future[None]:
         if self.done is None:
             self.done = self.loop.create_future()
@@ -789,9 +793,7 @@ class Upstream:
         # a stream's headers come once the engine accepted the request: the caller's limit, at most the idle
         # one
         limit = min(self._idle_seconds, timeout_seconds) if stream else timeout_seconds
-        timer = conn.loop.call_later(
-            limit, conn.fail, UpstreamFailure("timeout", f"no answer from {authority} in {limit:g} s")
-        )
+        timer = conn.loop.call_later(limit, conn.unanswered, authority, limit)
         try:
             await conn.headers_ready
             if not stream:
