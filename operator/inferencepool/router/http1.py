@@ -691,6 +691,7 @@ class UpstreamResponse:
             finally:
                 if self._timer is not None:
                     self._timer.cancel()
+                    self._timer = None  # the handle holds a bound method of this object: no cycle left
         done.result()
 
     def _arm(self, delay: float | None = None) -> None:
