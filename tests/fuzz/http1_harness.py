@@ -153,7 +153,7 @@ def read_response(data: bytes, cuts: Sequence[int] = ()) -> Relayed:
         transport = FakeTransport()
         conn.connection_made(transport)  # type: ignore[arg-type]
         body: list[bytes] = []
-        conn.attach(body.append, lambda: None)
+        conn.attach(body.extend)
         conn.asked = True  # as `request` marks it when it writes the request
         for piece in cut(data, cuts):
             if transport.closed:
@@ -161,6 +161,7 @@ def read_response(data: bytes, cuts: Sequence[int] = ()) -> Relayed:
             conn.data_received(piece)
         if not conn.lost:
             conn.connection_lost(None)
+        body.extend(conn.pieces)  # parsed in a read that then failed: not handed on, but parsed
         failure: str | None = None
         if conn._failure is not None:
             assert isinstance(conn._failure, UpstreamFailure)

@@ -318,10 +318,15 @@ async def test_a_chunked_stream_is_relayed_piece_by_piece() -> None:
         response = await upstream.post(url + "/s", b"{}", (), stream=True, timeout_seconds=5)
         assert response.content_type == "text/event-stream"
         pieces: list[bytes] = []
-        flushes: list[bool] = []
-        await response.relay(pieces.append, lambda: flushes.append(response.complete))
+        reads: list[bool] = []
+
+        def on_read(read: list[bytes]) -> None:
+            pieces.extend(read)
+            reads.append(response.complete)
+
+        await response.relay(on_read)
         assert b"".join(pieces) == b"data: a\n\ndata: b\n\n"
-        assert flushes[-1] is True and flushes.count(True) == 1
+        assert reads[-1] is True and reads.count(True) == 1
         response.close()
         upstream.close()
 
@@ -380,7 +385,7 @@ async def test_refused_connect_and_silent_stream() -> None:
         response = await upstream.post(url + "/s", b"", (), stream=True, timeout_seconds=1)
         pieces: list[bytes] = []
         with pytest.raises(UpstreamFailure) as silent:
-            await response.relay(pieces.append, lambda: None)
+            await response.relay(pieces.extend)
         assert silent.value.kind == "timeout" and pieces == [b"hello"]
         response.close()
     upstream.close()

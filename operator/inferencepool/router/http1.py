@@ -116,12 +116,14 @@ class Reply:
         self._conn.write(_whole(status, content_type, headers, body, close))
         self._conn.reply_done(close)
 
-    def start(self, status: int, content_type: str, headers: Headers = ()) -> None:
+    def start(self, status: int, content_type: str, headers: Headers = (), first: bytes = b"") -> None:
+        """The head of a streamed response, with the body's `first` bytes when there are some (one write)."""
         self.started = True
         close = not self._keep_alive or not self._chunked or self._conn.server.draining
         self._keep_alive = not close
         framing = b"Transfer-Encoding: chunked\r\n" if self._chunked else b""
-        self._conn.write(_head(status, content_type, headers, framing, close))
+        head = _head(status, content_type, headers, framing, close)
+        self._conn.write(head + self.frame(first) if first else head)
 
     def frame(self, data: bytes) -> bytes:
         """`data` as it goes on the wire (a chunk, or as is for HTTP/1.0); for callers that batch writes."""
@@ -261,6 +263,8 @@ class _HeadMeter:
 class _ServerConnection(asyncio.Protocol):
     def __init__(self, server: Server) -> None:
         self.server = server
+        # the loop, found once a connection (asyncio.get_running_loop costs a getpid system call on 3.11)
+        self._loop = asyncio.get_running_loop()
         self.lost = False
         self.backpressure: tuple[Callable[[], None], Callable[[], None]] | None = None
         self._transport: asyncio.Transport | None = None
@@ -435,7 +439,7 @@ class _ServerConnection(asyncio.Protocol):
     # replies
     def _run(self, request: Request) -> None:
         reply = Reply(self, request.keep_alive and not self.server.draining, not request.http10)
-        self._task = asyncio.get_running_loop().create_task(self._serve(request, reply))
+        self._task = self._loop.create_task(self._serve(request, reply))
 
     async def _serve(self, request: Request, reply: Reply) -> None:
         try:
@@ -520,8 +524,12 @@ class _ClientConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.lost = False
         self.idle_since = 0.0
+        # Body pieces parsed and not yet taken: the parser appends to the list itself (no Python frame per
+        # piece); one list for the connection's life, cleared, never replaced (the parser holds its append).
+        self.pieces: list[bytes] = []
+        self.on_body = self.pieces.append
         self._parser = httptools.HttpResponseParser(self)
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
         self.reset()
 
     def reset(self) -> None:
@@ -530,11 +538,10 @@ class _ClientConnection(asyncio.Protocol):
         self.complete = False
         self.keep_alive = False
         self.got_bytes = False
-        self.headers_ready: asyncio.Future[None] = self._loop.create_future()
+        self.headers_ready: asyncio.Future[None] = self.loop.create_future()
         self.done: asyncio.Future[None] | None = None
-        self._buffer: list[bytes] = []
-        self._sink: Callable[[bytes], None] | None = None
-        self._flush: Callable[[], None] | None = None
+        self.pieces.clear()
+        self._on_read: Callable[[list[bytes]], None] | None = None
         self.last_read = 0.0
         self._failure: UpstreamFailure | None = None
         self._unsolicited = False
@@ -556,8 +563,10 @@ class _ClientConnection(asyncio.Protocol):
                 self.fail(UpstreamFailure("protocol", f"malformed response from the engine: {error}"))
                 return
             self._drop_unsolicited()
-        if self._flush is not None:
-            self._flush()
+        on_read = self._on_read
+        if on_read is not None and (self.pieces or self.complete):
+            on_read(self.pieces)
+            self.pieces.clear()
 
     def _drop_unsolicited(self) -> None:
         """An engine that sends more than the one answer asked for is out of step with this connection: a
@@ -595,12 +604,6 @@ class _ClientConnection(asyncio.Protocol):
         if not self.headers_ready.done():
             self.headers_ready.set_result(None)
 
-    def on_body(self, body: bytes) -> None:
-        if self._sink is not None:
-            self._sink(body)
-        else:
-            self._buffer.append(body)
-
     def on_message_complete(self) -> None:
         self.complete = True
         self.keep_alive = self._parser.should_keep_alive()
@@ -618,9 +621,13 @@ class _ClientConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
+    def unanswered(self, authority: str, limit: float) -> None:
+        """The engine did not answer within `limit` (the failure is built only then: rarely)."""
+        self.fail(UpstreamFailure("timeout", f"no answer from {authority} in {limit:g} s"))
+
     def finished(self) -> asyncio.Future[None]:
         if self.done is None:
-            self.done = self._loop.create_future()
+            self.done = self.loop.create_future()
             if self.complete:
                 self.done.set_result(None)
             elif self._failure is not None:
@@ -628,13 +635,14 @@ class _ClientConnection(asyncio.Protocol):
         return self.done
 
     def take_buffer(self) -> bytes:
-        data = b"".join(self._buffer)
-        self._buffer = []
+        data = b"".join(self.pieces)
+        self.pieces.clear()
         return data
 
-    def attach(self, sink: Callable[[bytes], None], flush: Callable[[], None]) -> None:
-        self._sink = sink
-        self._flush = flush
+    def attach(self, on_read: Callable[[list[bytes]], None]) -> None:
+        """From now on `on_read` gets the body pieces of each read (and is called once the body is complete);
+        the list is cleared after the call, so it must not be kept."""
+        self._on_read = on_read
 
 
 class UpstreamResponse:
@@ -661,15 +669,16 @@ class UpstreamResponse:
         await self._until_done()
         return self._conn.take_buffer()
 
-    async def relay(self, on_data: Callable[[bytes], None], on_flush: Callable[[], None]) -> None:
-        """Hands every piece of body to `on_data` as the engine sends it, then `on_flush` once per read;
-        returns when the body has ended. A stream silent for the idle timeout fails with kind timeout."""
+    async def relay(self, on_read: Callable[[list[bytes]], None]) -> None:
+        """Hands `on_read` the body pieces of every read that brought some, as the engine sends them (the
+        list is reused: consume it in the call), and once more, maybe with none, on the read that ends the
+        body; returns when the body has ended. A stream silent for the idle timeout fails with kind
+        timeout."""
         conn = self._conn
-        early = conn.take_buffer()
-        if early:
-            on_data(early)
-            on_flush()
-        conn.attach(on_data, on_flush)
+        if conn.pieces:  # arrived before the relay began
+            early = [conn.take_buffer()]
+            on_read(early)
+        conn.attach(on_read)
         await self._until_done()
 
     async def _until_done(self) -> None:
@@ -682,11 +691,13 @@ class UpstreamResponse:
             finally:
                 if self._timer is not None:
                     self._timer.cancel()
+                    self._timer = None  # the handle holds a bound method of this object: no cycle left
         done.result()
 
     def _arm(self, delay: float | None = None) -> None:
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self._idle_seconds if delay is None else delay, self._check_idle)
+        self._timer = self._conn.loop.call_later(
+            self._idle_seconds if delay is None else delay, self._check_idle
+        )
 
     def _check_idle(self) -> None:
         silent = time.monotonic() - self._conn.last_read
@@ -783,9 +794,7 @@ class Upstream:
         # a stream's headers come once the engine accepted the request: the caller's limit, at most the idle
         # one
         limit = min(self._idle_seconds, timeout_seconds) if stream else timeout_seconds
-        timer = asyncio.get_running_loop().call_later(
-            limit, conn.fail, UpstreamFailure("timeout", f"no answer from {authority} in {limit:g} s")
-        )
+        timer = conn.loop.call_later(limit, conn.unanswered, authority, limit)
         try:
             await conn.headers_ready
             if not stream:

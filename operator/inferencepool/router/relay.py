@@ -69,6 +69,36 @@ class Resumable:
 Head = tuple[int, str, Headers]
 
 
+class _HangWatch:
+    """While a stream has sent nothing, looks every `period` whether its pod is unresponsive (engine_load.py),
+    and then drops the leg (`hung`). An object, not a closure that re-arms itself: that one's closure held
+    itself, a reference cycle every request left for the garbage collector."""
+
+    __slots__ = ("_handle", "_leg", "_loop", "_period", "hung")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, period: float, leg: Leg) -> None:
+        self._loop = loop
+        self._period = period
+        self._leg = leg
+        self.hung = False
+        self._handle: asyncio.TimerHandle | None = loop.call_later(period, self._look)
+
+    def _look(self) -> None:
+        pod = self._leg.pod
+        if pod.unresponsive:
+            self._handle = None
+            self.hung = True
+            self._leg.response.abort(f"{pod.role} pod {pod.name} hung before its first event")
+        else:
+            self._handle = self._loop.call_later(self._period, self._look)
+
+    def stop(self) -> None:
+        """No more looks (the handle, which holds this object, is let go)."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
 class Relay:
     """`itl_sample`, when given, also receives every inter-token gap, and `direct_ttft_sample` the time to
     first token of every prompt prefilled on a decode pod (direct and fallback routes): the adaptive
@@ -159,57 +189,46 @@ class Relay:
         ttft_metric = self.metrics.ttft_by_route[route]
         sample = self.itl_sample
         ttft_sample = self.direct_ttft_sample if route != "disaggregated" else None
-        pending: list[bytes] = []
         previous = 0.0
         refused: list[bytes] = []
         held = b""
-        hung = False
-        loop = asyncio.get_running_loop()
-        watchdog: asyncio.TimerHandle | None = None
-
-        def watch() -> None:
-            nonlocal hung, watchdog
-            if previous:
-                return
-            if pod.unresponsive:
-                hung = True
-                upstream.abort(f"{pod.role} pod {pod.name} hung before its first event")
-            else:
-                watchdog = loop.call_later(period, watch)
-
         # the pod leaves the table on the scrape's clock: look a few times a second, not once a deadline
-        period = min(self.first_byte_seconds, _WATCH_SECONDS)
-        if not reply.started:
-            watchdog = loop.call_later(period, watch)
+        watch = (
+            None
+            if reply.started
+            else _HangWatch(asyncio.get_running_loop(), min(self.first_byte_seconds, _WATCH_SECONDS), leg)
+        )
 
-        def on_data(data: bytes) -> None:
-            nonlocal previous
-            now = time.monotonic()
-            if previous:
-                gap = (now - previous) / (data.count(b"data:") or 1)
-                itl_metric.observe(gap)
-                if sample is not None:
-                    sample(gap)
-            elif continued is None:
-                ttft_metric.observe(now - started)
-                if leg.first_token is not None:
-                    leg.first_token()  # the pod has prefilled it (or loaded its KV): the router learns
-                if ttft_sample is not None:
-                    ttft_sample(now - started)
-            previous = now
-            pending.append(data)
-
-        def on_flush() -> None:
-            nonlocal held
-            # Everything one read brought goes out in one write; the last one carries the end of the body.
-            data = b"".join(pending) if len(pending) != 1 else pending[0]
-            pending.clear()
-            if not reply.started:
-                if retriable and is_error_event(data):
-                    refused.append(data)
-                    upstream.abort("the decode leg's first event is an error")
-                    return
-                reply.start(*head)
+        def on_read(pieces: list[bytes]) -> None:
+            nonlocal previous, held
+            if pieces:
+                # The pieces of one read arrived together: the first one's gap is since the last read, the
+                # others' none.
+                now = time.monotonic()
+                for piece in pieces:
+                    if previous:
+                        gap = (now - previous) / (piece.count(b"data:") or 1)
+                        itl_metric.observe(gap)
+                        if sample is not None:
+                            sample(gap)
+                    else:
+                        if watch is not None:
+                            watch.stop()  # something came: the pod does not hang
+                        if continued is None:
+                            ttft_metric.observe(now - started)
+                            if leg.first_token is not None:
+                                # the pod has prefilled it (or loaded its KV): the router learns
+                                leg.first_token()
+                            if ttft_sample is not None:
+                                ttft_sample(now - started)
+                    previous = now
+                data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            else:
+                data = b""
+            if not reply.started and retriable and is_error_event(data):
+                refused.append(data)
+                upstream.abort("the decode leg's first event is an error")
+                return
             complete = upstream.complete
             if sent is not None:
                 if held:
@@ -221,16 +240,22 @@ class Relay:
                 if continued is not None:
                     data = continued.events(data)
                 sent.append(data)
+            # Everything one read brought goes out in one write: the first with the headers, the last with
+            # the end of the body.
             if complete:
+                if not reply.started:
+                    reply.start(*head)
                 reply.end(data)
-            else:
+            elif reply.started:
                 reply.write(data)
+            else:
+                reply.start(*head, data)
 
         try:
-            await upstream.relay(on_data, on_flush)
+            await upstream.relay(on_read)
         except UpstreamFailure as failure:
             self.metrics.upstream_errors.labels(pod.name, pod.role, "stream").inc()
-            if hung and not reply.started:
+            if watch is not None and watch.hung and not reply.started:
                 raise NothingSent(
                     f"{pod.role} pod {pod.name} hung before its first event", pod.name
                 ) from None
@@ -244,8 +269,8 @@ class Relay:
                 reply.start(*head)
             return failure
         finally:
-            if watchdog is not None:
-                watchdog.cancel()
+            if watch is not None:
+                watch.stop()
         if refused:  # the whole answer was one error event
             self.metrics.upstream_errors.labels(pod.name, pod.role, "stream").inc()
             raise self._refused(pod.name, refused[0])
