@@ -3,13 +3,13 @@ be affine to, else the least loaded (rotating among equals, so an idle pool stil
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic
 
-from inferencepool.scheduling.endpoint import E, Endpoint
+from inferencepool.scheduling.endpoint import E
 from inferencepool.scheduling.prefix import PrefixIndex
-from inferencepool.scheduling.scorers import start_score
+from inferencepool.scheduling.scorers import prefix_score
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,28 +18,15 @@ class Choice(Generic[E]):
     cached_blocks: int  # the pod's cached prefix of the prompt, in blocks (as the index estimates it)
 
 
-def soonest_start(
-    candidates: Sequence[E],
-    tokens: int,
-    keys: Sequence[int],
-    index: PrefixIndex,
-    anchor_blocks: int,
-    block_tokens: int,
-    queue_tokens: Callable[[Endpoint], float],
-    queue_weight: float,
+def best_prefix(
+    candidates: Sequence[E], keys: Sequence[int], index: PrefixIndex, anchor_blocks: int
 ) -> Choice[E]:
-    """The highest `start_score` (candidates and keys non-empty); `queue_tokens`: a pod's queued prefill
-    work in tokens, weighed by `queue_weight` (0: the longest cached prefix alone)."""
+    """The highest `prefix_score` (candidates and keys non-empty)."""
     anchor = keys[min(anchor_blocks, len(keys)) - 1]
-    max_saved = tokens - 1
     best = candidates[0]
-    queued = queue_weight * queue_tokens(best) if queue_weight else 0.0
-    best_rank, best_cached = start_score(
-        best, keys, anchor, anchor_blocks, index, block_tokens, max_saved, queued
-    )
+    best_rank, best_cached = prefix_score(best, keys, anchor, anchor_blocks, index)
     for pod in candidates[1:]:
-        queued = queue_weight * queue_tokens(pod) if queue_weight else 0.0
-        rank, cached = start_score(pod, keys, anchor, anchor_blocks, index, block_tokens, max_saved, queued)
+        rank, cached = prefix_score(pod, keys, anchor, anchor_blocks, index)
         if rank > best_rank:
             best, best_rank, best_cached = pod, rank, cached
     return Choice(best, best_cached)
