@@ -23,6 +23,22 @@ SHORT_PROMPT = "hello there"  # a handful of tokens
 LONG_PROMPT = "the pool keeps shared prefixes warm " * 60  # ~500 tokens however it is counted
 
 
+async def eventually(
+    check: Callable[[], bool | Awaitable[bool]], seconds: float = 30.0, what: str = "condition not reached"
+) -> None:
+    """Poll `check()` (a plain or an async predicate) until it holds; fail with `what` after `seconds`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while True:
+        held = check()
+        if not isinstance(held, bool):
+            held = await held
+        if held:
+            return
+        assert loop.time() < deadline, what
+        await asyncio.sleep(0.02)
+
+
 @dataclass
 class RunningRouter:
     router: Router

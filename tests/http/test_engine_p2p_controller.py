@@ -4,13 +4,12 @@ counters LMCache exports (and the fake's p2p counters) show it on both sides."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import socket
-from collections.abc import Callable
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+from tests.http.router_harness import eventually
 from tests.support.engines import RunningEngine, p2p_config, running_engine, running_lmcache_controller
 
 from inferencepool.engine_sim.core import LmcacheSettings
@@ -39,14 +38,6 @@ async def complete(http: aiohttp.ClientSession, engine: RunningEngine, prompt: s
         assert response.status == 200, await response.text()
 
 
-async def eventually(check: Callable[[], bool], seconds: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while not check():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-
-
 def keys_held(controller: FakeLMCacheController, instance_id: str) -> int:
     workers = controller.state.instances.get(instance_id, {})
     return sum(len(keys) for worker in workers.values() for keys in worker.kv.values())
@@ -63,9 +54,9 @@ async def test_a_prefix_computed_on_one_engine_is_fetched_by_another_through_the
         ) as b,
         aiohttp.ClientSession() as http,
     ):
-        await eventually(lambda: controller.state.worker_count() == 2)
+        await eventually(lambda: controller.state.worker_count() == 2, 5)
         await complete(http, a, SHARED + " first question")
-        await eventually(lambda: keys_held(controller, "a") == 11)  # a's CPU tier, reported as admits
+        await eventually(lambda: keys_held(controller, "a") == 11, 5)  # a's CPU tier, reported as admits
         base = f"http://{controller.host}:{controller.port}"
         tokens = a.engine.config.tokenizer.encode(SHARED + " first question")
         async with http.post(f"{base}/lookup", json={"tokens": tokens}) as response:
@@ -85,7 +76,7 @@ async def test_a_prefix_computed_on_one_engine_is_fetched_by_another_through_the
         assert await metric(http, a.url, "fake_engine:lmcache_p2p_served_tokens_total") == SHARED_TOKENS
         assert await metric(http, a.url, "fake_engine:lmcache_p2p_hit_tokens_total") == 0
         # the fetched chunks are in b's CPU tier now, and the controller knows
-        await eventually(lambda: keys_held(controller, "b") == 11)
+        await eventually(lambda: keys_held(controller, "b") == 11, 5)
 
         # a prompt nobody holds is computed locally: no new hits, no transfer
         await complete(http, b, " ".join(f"u{i}" for i in range(600)))
@@ -107,8 +98,8 @@ async def test_an_engine_gone_from_the_controller_is_not_asked() -> None:
             "cpu-demo", MODEL, time_scale=0.05, lmcache=SETTINGS, p2p=p2p_config(controller, "a")
         ) as a:
             await complete(http, a, SHARED + " first question")
-            await eventually(lambda: keys_held(controller, "a") == 11)
-        await eventually(lambda: "a" not in controller.state.instances)
+            await eventually(lambda: keys_held(controller, "a") == 11, 5)
+        await eventually(lambda: "a" not in controller.state.instances, 5)
         await complete(http, b, SHARED + " second question")
         assert await metric(http, b.url, "lmcache:num_hit_tokens_total") == 0
         assert await metric(http, b.url, "fake_engine:lmcache_p2p_hit_tokens_total") == 0
@@ -141,7 +132,7 @@ async def test_without_a_controller_an_engine_serves_and_computes_locally() -> N
                 stack.callback(sock.close)
             p2p = engine.engine.p2p
             assert p2p is not None
-            await eventually(lambda: p2p.registration_failed is not None)
+            await eventually(lambda: p2p.registration_failed is not None, 5)
             assert "TimeoutError" in (p2p.registration_failed or "")
             await complete(http, engine, SHARED + " question")
             assert await metric(http, engine.url, "lmcache:num_hit_tokens_total") == 0
@@ -172,7 +163,7 @@ async def test_a_nixl_decode_leg_is_looked_up_but_not_fetched_from_a_peer() -> N
         aiohttp.ClientSession() as http,
     ):
         await complete(http, a, SHARED + " first question")
-        await eventually(lambda: keys_held(controller, "a") == 11)
+        await eventually(lambda: keys_held(controller, "a") == 11, 5)
         lookups = controller.state.p2p_lookups
         body = {"model": MODEL, "prompt": SHARED + " second question", "max_tokens": 2}
         body["kv_transfer_params"] = unreachable_prefill

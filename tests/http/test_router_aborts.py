@@ -19,6 +19,7 @@ from tests.http.router_harness import (
     RunningRouter,
     config_for,
     engines,
+    eventually,
     metric_sum,
     running_router,
     unanswering_first,
@@ -36,11 +37,11 @@ async def kv_usage(engine: RunningEngine) -> float:
 
 async def until(engine: RunningEngine, name: str) -> None:
     """Wait (bounded) until `engine` reports a positive `name`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
-    while await metric_sum(engine.url, name) <= 0:
-        assert loop.time() < deadline, f"{name} stayed 0"
-        await asyncio.sleep(0.02)
+
+    async def positive() -> bool:
+        return await metric_sum(engine.url, name) > 0
+
+    await eventually(positive, what=f"{name} stayed 0")
 
 
 async def assert_kv_freed(*pods: RunningEngine) -> None:

@@ -9,10 +9,10 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 
 import aiohttp
-from tests.http.router_harness import LONG_PROMPT, MODEL, metric_sum, running_router
+from tests.http.router_harness import LONG_PROMPT, MODEL, eventually, metric_sum, running_router
 from tests.support.engines import engine_process
 
 from inferencepool.router.config import RouterConfig
@@ -39,15 +39,6 @@ async def stream(http: aiohttp.ClientSession, url: str) -> str:
 
 async def pods(router: str, state: str) -> float:
     return await metric_sum(router, "inferencepool_router_pods", role="decode", state=state)
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 20.0) -> None:
-    """Polls `check()` until it holds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while not await check():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.1)
 
 
 async def equals(value: Awaitable[float], wanted: float) -> bool:
@@ -79,7 +70,7 @@ async def test_a_stopped_decode_engine_leaves_the_table_its_streams_go_elsewhere
                 asyncio.gather(*(stream(http, router.url) for _ in range(20))), 60
             )
             assert all("[DONE]" in answer for answer in answers)
-            await eventually(lambda: equals(pods(router.url, "unresponsive"), 1))
+            await eventually(lambda: equals(pods(router.url, "unresponsive"), 1), 20)
             # Out of the table: no further leg is sent to it, so none waits for its deadline.
             hung_legs = await metric_sum(
                 router.url, "inferencepool_router_upstream_errors", pod=stopped_name, kind="timeout"
@@ -95,7 +86,7 @@ async def test_a_stopped_decode_engine_leaves_the_table_its_streams_go_elsewhere
                 == hung_legs
             )
             os.kill(stopped_pid, signal.SIGCONT)
-            await eventually(lambda: equals(pods(router.url, "serving"), 2))
+            await eventually(lambda: equals(pods(router.url, "serving"), 2), 20)
             assert await pods(router.url, "unresponsive") == 0
             served = await metric_sum(stopped, "vllm:request_success")
 
@@ -103,7 +94,7 @@ async def test_a_stopped_decode_engine_leaves_the_table_its_streams_go_elsewhere
                 await stream(http, router.url)
                 return await metric_sum(stopped, "vllm:request_success") > served
 
-            await eventually(used_again)
+            await eventually(used_again, 20)
 
 
 async def test_a_stream_whose_engine_stops_after_its_headers_goes_to_another_pod_before_its_first_event() -> (
@@ -139,7 +130,7 @@ async def test_a_stream_whose_engine_stops_after_its_headers_goes_to_another_pod
 
             requests = [asyncio.create_task(long_stream(i)) for i in range(4)]
             # the router sends the headers with the first event: wait until both engines run prompts instead
-            await eventually(lambda: running_both(live, stopped))
+            await eventually(lambda: running_both(live, stopped), 20)
             os.kill(stopped_process.pid, signal.SIGSTOP)
             try:
                 answers = await asyncio.wait_for(asyncio.gather(*requests), 60)

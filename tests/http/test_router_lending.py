@@ -23,6 +23,7 @@ from tests.http.router_harness import (
     complete,
     config_for,
     engine_requests,
+    eventually,
     metric_sum,
     running_router,
 )
@@ -61,11 +62,12 @@ async def hog(engine: RunningEngine, tag: str) -> None:
 
 
 async def reached(url: str, name: str, count: float, **labels: str) -> None:
-    """Wait (bounded: 5 s) until the sum of `name` on `url`'s /metrics is `count` or more."""
-    for _ in range(500):
-        if await metric_sum(url, name, **labels) >= count:
-            return
-        await asyncio.sleep(0.01)
+    """Wait until the sum of `name` on `url`'s /metrics is `count` or more."""
+
+    async def held() -> bool:
+        return await metric_sum(url, name, **labels) >= count
+
+    await eventually(held, what=f"{name} {labels} stayed under {count}")
 
 
 async def decided(url: str, reason: str, count: int) -> None:

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-from collections.abc import Awaitable, Callable
 
 import aiohttp
 from tests.http.router_harness import (
@@ -18,25 +17,13 @@ from tests.http.router_harness import (
     SHORT_PROMPT,
     config_for,
     engines,
+    eventually,
     metric_sum,
     running_router,
 )
 from tests.support.engines import running_engine
 
 from inferencepool.perf.profiles import get_profile
-
-
-async def eventually(check: Callable[[], bool | Awaitable[bool]], seconds: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while True:
-        held = check()
-        if not isinstance(held, bool):
-            held = await held
-        if held:
-            return
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.05)
 
 
 async def post(
