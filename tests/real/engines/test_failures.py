@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import subprocess
@@ -28,6 +29,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from inferencepool.api.v1alpha1 import InferencePool
 from inferencepool.builders.engine import SHUTDOWN_TIMEOUT_SECONDS
 from inferencepool.builders.kvcompat import kv_compat_hash
 from inferencepool.cluster.vllm_cpu import CpuEngine
@@ -152,18 +154,26 @@ async def test_decode_engine_killed_mid_stream_is_resumed_with_the_unkilled_answ
     assert report.count("whole") >= 1
 
 
+@contextlib.contextmanager
+def extra_prefill(fleet: Fleet, pool: InferencePool, ordinal: int) -> Iterator[RealEngine]:
+    """Prefill pod `ordinal` of `pool` beside the fleet (on cores no live engine of it uses), started, and
+    stopped when the block ends."""
+    engine = CpuEngine(venv=fleet.prefill.plan.env["VIRTUAL_ENV"], model=str(fleet.model))
+    alive = [core for e in fleet.engines if e.alive() for core in e.cores]
+    (extra,) = make_engines(pool, [("prefill", ordinal)], engine, fleet.root, alive)
+    extra.start()
+    try:
+        yield extra
+    finally:
+        extra.stop()
+
+
 @pytest.fixture(scope="module")
 def spare_prefill(fleet: Fleet) -> Iterator[RealEngine]:
     """A second prefill pod (ordinal 1), started when the first test that needs it asks (the fleet's first
     decode engine is dead by then, so three engines run at most), for the drain test."""
-    engine = CpuEngine(venv=fleet.prefill.plan.env["VIRTUAL_ENV"], model=str(fleet.model))
-    alive = [core for e in fleet.engines if e.alive() for core in e.cores]
-    (spare,) = make_engines(fleet.pool, [("prefill", 1)], engine, fleet.root, alive)
-    spare.start()
-    try:
+    with extra_prefill(fleet, fleet.pool, 1) as spare:
         yield spare
-    finally:
-        spare.stop()
 
 
 async def test_prefill_engine_killed_before_the_read_is_served_colocated(
@@ -315,22 +325,19 @@ async def test_prefill_drained_with_a_hand_off_in_flight_serves_the_request_then
     assert routed.text == colocated.text and len(routed.text) > 0
 
 
+def float32_pool() -> InferencePool:
+    """The tier's pool but for `--dtype float32` (the model is bfloat16): another KV-compatibility hash."""
+    return tier_pool(engine__extraArgs=["--dtype", "float32"])
+
+
 @pytest.fixture(scope="module")
 def float32_prefill(fleet: Fleet) -> Iterator[RealEngine]:
-    """A prefill pod of the tier's pool but for `--dtype float32` (the model is bfloat16), as a pod of a
-    rollout's other revision would be: another KV-compatibility hash. Started after the drain test, so
-    three engines run at most."""
-    pool = tier_pool(engine__extraArgs=["--dtype", "float32"])
-    assert kv_compat_hash(pool) != kv_compat_hash(fleet.pool)
-    engine = CpuEngine(venv=fleet.prefill.plan.env["VIRTUAL_ENV"], model=str(fleet.model))
-    alive = [core for e in fleet.engines if e.alive() for core in e.cores]
-    (other,) = make_engines(pool, [("prefill", 2)], engine, fleet.root, alive)
-    other.start()
-    try:
+    """A prefill pod of `float32_pool`, as a pod of a rollout's other revision would be. Started after the
+    drain test, so three engines run at most."""
+    assert kv_compat_hash(float32_pool()) != kv_compat_hash(fleet.pool)
+    with extra_prefill(fleet, float32_pool(), 2) as other:
         wait_healthy([other])
         yield other
-    finally:
-        other.stop()
 
 
 async def test_a_prefill_engine_of_another_kv_layout_is_never_paired_and_vllm_refuses_its_kv(
@@ -340,10 +347,7 @@ async def test_a_prefill_engine_of_another_kv_layout_is_never_paired_and_vllm_re
     decode = next(engine for engine in fleet.decodes if engine.alive())
     assert prefill.alive(), "the restarted prefill engine of the test above"
     body = {"model": fleet.served_name, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
-    ours, theirs = (
-        kv_compat_hash(fleet.pool),
-        kv_compat_hash(tier_pool(engine__extraArgs=["--dtype", "float32"])),
-    )
+    ours, theirs = kv_compat_hash(fleet.pool), kv_compat_hash(float32_pool())
     # The router, as the Pod watch would feed it: a prefill pod of each hash, the pool's decode pod.
     config = operator_router_config(fleet, policy="AlwaysDisaggregate")
     async with router(fleet, config) as running:
