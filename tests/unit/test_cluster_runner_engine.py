@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from inferencepool.cluster import procs
 from inferencepool.cluster.components import Layout
 from inferencepool.cluster.podspec import PlanError, PodPlan
-from inferencepool.cluster.runner import ManagedPod, PodRunner, read_engine, write_engine
+from inferencepool.cluster.runner import ManagedPod, PodRunner, RunningContainer, read_engine, write_engine
 from inferencepool.cluster.vllm_cpu import CpuEngine
 
 
@@ -69,3 +72,51 @@ def test_the_mode_can_be_kept_to_some_namespaces(tmp_path: Path) -> None:
     path = Layout(tmp_path).engine_file
     write_engine(path, engine)
     assert read_engine(path) == engine
+
+
+# What vLLM's NixlConnector does on CPU in the worker's main thread (nixl/base_worker.py), in a child process
+# of the engine, beside a thread that stays free to run anywhere.
+PINNING_ENGINE = """
+import multiprocessing, os, threading, time
+
+def worker():
+    os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+    time.sleep(60)
+
+if __name__ == "__main__":
+    multiprocessing.get_context("spawn").Process(target=worker).start()
+    time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to bind to different ones")
+def test_engine_threads_bound_to_a_core_they_were_not_given_are_moved_back(tmp_path: Path) -> None:
+    machine = tuple(sorted(os.sched_getaffinity(0)))
+    given = (machine[0],)
+    script = tmp_path / "engine.py"
+    script.write_text(PINNING_ENGINE)
+    record = procs.spawn([sys.executable, str(script)], tmp_path / "engine.log")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            affinities = {
+                thread: frozenset(os.sched_getaffinity(thread))
+                for thread in procs.session_threads([record.pid])[record.pid]
+            }
+            pinned = [thread for thread, cores in affinities.items() if cores == {machine[-1]}]
+            if pinned or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert pinned, f"the child never pinned its main thread: {affinities}"
+        runner = PodRunner(api=None, layout=Layout(tmp_path / "state"), cpus=machine)
+        engine = managed("engine", given)
+        engine.containers["engine"] = RunningContainer(plan=None, record=record)  # type: ignore[arg-type]
+        runner.managed["engine"] = engine
+        runner.keep_engines_on_cores()
+        after = {thread: frozenset(os.sched_getaffinity(thread)) for thread in affinities}
+        assert all(after[thread] == set(given) for thread in pinned)
+        free = [thread for thread, cores in affinities.items() if cores == set(machine)]
+        assert free and all(after[thread] == set(machine) for thread in free)  # the free ones stay free
+    finally:
+        procs.terminate([record], 5)

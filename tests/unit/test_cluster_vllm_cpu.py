@@ -209,3 +209,15 @@ def test_the_operators_vllm_image_runs_only_in_the_engine_mode() -> None:
     # HF_HOME is the pod's model-cache volume, relocated to the pod's own folder as for any volume.
     assert engine.env["HF_HOME"] == "/state/u-1/model-cache"
     assert [change.name for change in engine.changes][:2] == ["argv[0]", "model"]
+
+
+def test_strays_are_threads_bound_narrower_than_the_machine_and_outside_the_engines_cores() -> None:
+    machine, cores = (0, 1, 2, 3), (0, 1)
+    affinities = {
+        10: frozenset(machine),  # free: vLLM's API server, the engine core's loop
+        11: frozenset({3}),  # NixlConnector's reserved core, not the engine's
+        12: frozenset({1}),  # the OpenMP binding the engine was given
+        13: frozenset({1, 2}),  # partly outside
+    }
+    assert vllm_cpu.strays(affinities, cores, machine) == [11, 13]
+    assert vllm_cpu.strays(affinities, machine, machine) == []

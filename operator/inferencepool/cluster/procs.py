@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -47,6 +47,24 @@ def _stat_fields(pid: int) -> list[str] | None:
 def start_ticks(pid: int) -> int | None:
     fields = _stat_fields(pid)
     return int(fields[19]) if fields else None  # field 22 of stat, counted from field 3
+
+
+def session_threads(sessions: Collection[int]) -> dict[int, list[int]]:
+    """The thread ids of every process in each of `sessions` (a process `spawn` started and the ones it
+    started, unless they left its session), in one pass over /proc."""
+    threads: dict[int, list[int]] = {session: [] for session in sessions}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        found = threads.get(int(fields[3])) if fields else None  # field 6 of stat, counted from field 3
+        if found is None:
+            continue
+        try:
+            found.extend(int(task) for task in os.listdir(f"/proc/{entry.name}/task"))
+        except OSError:
+            continue  # it exited meanwhile
+    return threads
 
 
 def _reap(pid: int) -> None:

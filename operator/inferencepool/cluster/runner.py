@@ -48,6 +48,7 @@ log = logging.getLogger("inferencepool.cluster.runner")
 
 TICK_SECONDS = 0.2
 SERVICE_TABLE_SECONDS = 1.0  # how often the Service table (podspec.service_hosts) is refreshed
+CORES_SECONDS = 2.0  # how often real engines' threads are checked against their cores (vllm_cpu.strays)
 PLAN_RETRY_SECONDS = 5.0
 MAX_BACKOFF_SECONDS = 30.0
 EVENT_SOURCE = "inferencepool-pod-runner"
@@ -175,6 +176,7 @@ class PodRunner:
         self.base_env = {**os.environ, podspec.LOCAL_HOSTS_ENV: str(self.services_file)}
         self.last_tick = 0.0
         self.last_services = 0.0
+        self.last_cores = 0.0
         self.service_table: dict[str, list[str]] | None = None
         self.cpus = cpus if cpus is not None else tuple(sorted(os.sched_getaffinity(0)))
 
@@ -430,6 +432,9 @@ class PodRunner:
         if now - self.last_services >= SERVICE_TABLE_SECONDS:
             self.last_services = now
             self.write_service_table()
+        if now - self.last_cores >= CORES_SECONDS:
+            self.last_cores = now
+            self.keep_engines_on_cores()
         for uid in [uid for uid, at in self.retry_at.items() if at <= now]:
             self.reconcile(uid)
         for uid, managed in list(self.managed.items()):
@@ -481,6 +486,31 @@ class PodRunner:
             managed.ready = True
             self._annotate(pod, "true")
             log.info("%s is ready", managed.plan.key)
+
+    def keep_engines_on_cores(self) -> None:
+        """Move each real engine's threads that are bound outside the cores it was given back onto them."""
+        engines = {
+            record.pid: managed
+            for managed in self.managed.values()
+            if managed.cores and managed.stop_deadline is None
+            for record in managed.alive()
+        }
+        if not engines:
+            return
+        for session, threads in procs.session_threads(engines).items():
+            cores = engines[session].cores
+            affinities: dict[int, frozenset[int]] = {}
+            for thread in threads:
+                try:
+                    affinities[thread] = frozenset(os.sched_getaffinity(thread))
+                except OSError:
+                    continue  # it exited meanwhile
+            for thread in vllm_cpu.strays(affinities, cores, self.cpus):
+                try:
+                    os.sched_setaffinity(thread, cores)
+                except OSError:
+                    continue
+                log.info("%s: thread %d moved back onto cores %s", engines[session].plan.key, thread, cores)
 
     def write_service_table(self) -> None:
         """Publish Service addresses for the local processes (the file named by INFERENCEPOOL_LOCAL_HOSTS)."""

@@ -87,6 +87,24 @@ def pick_cores(available: Sequence[int], in_use: Sequence[int], count: int = 1) 
     return tuple(sorted(ranked[: max(1, min(count, len(ranked)))]))
 
 
+def strays(
+    affinities: Mapping[int, frozenset[int]], cores: Sequence[int], machine: Sequence[int]
+) -> list[int]:
+    """The threads of an engine bound to cores it was not given, from each thread's CPU affinity.
+
+    vLLM's NixlConnector on CPU binds the worker's main thread, which is the OpenMP master running the
+    forward pass, to the highest core of each NUMA node (`nixl/base_worker.py`, "reserve different cores for
+    start_load_kv() from model_forward()"), whatever VLLM_CPU_OMP_THREADS_BIND says. On a one-node machine
+    that puts every engine's forward pass on the same core, and the kernel can leave one of two such threads
+    runnable without running it for minutes. A cpuset (the kubelet's static CPU manager) would refuse the
+    move; the pod runner has none, so it moves such threads back. Threads free to run anywhere on the machine
+    (vLLM's API server, the engine core's loop) stay free."""
+    given, everywhere = frozenset(cores), frozenset(machine)
+    return sorted(
+        thread for thread, allowed in affinities.items() if allowed != everywhere and not allowed <= given
+    )
+
+
 @dataclass(frozen=True)
 class Change:
     """One difference from the operator's container: the flag or variable, its value before and after (None:
