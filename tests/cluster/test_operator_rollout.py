@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.error import HTTPError
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -102,8 +103,9 @@ class Load:
             with urllib.request.urlopen(request, timeout=60) as response:
                 lines = [raw.decode().strip() for raw in response]
         except OSError as error:
+            detail = error.read()[:300].decode(errors="replace") if isinstance(error, HTTPError) else ""
             with self.lock:
-                self.failed.append(repr(error))
+                self.failed.append(f"{error!r} {detail}")
             return
         chunks = [line[6:] for line in lines if line.startswith("data: ")]
         if not chunks or chunks[-1] != "[DONE]" or any('"error"' in chunk for chunk in chunks):

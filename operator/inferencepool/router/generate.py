@@ -286,9 +286,10 @@ class Orchestrator:
         """The decode leg and its relay, counted under `route`.
 
         On the disaggregated route a failure before anything reached the client that another try could
-        mend (an error answer or event, a dropped connection, pods that answered 5xx) raises NothingSent
-        uncounted, for the caller to serve the request colocated; no decode pod (503) or a hung one (504)
-        would fare no better, so those are final.
+        mend (an error answer or event, a dropped connection, pods that answered 5xx, no decode pod of the
+        KV's revision left: a rollout retired the last one during the prefill leg) raises NothingSent
+        uncounted, for the caller to serve the request colocated on any decode pod; a hung pod (504) would
+        fare no better, so that is final.
         """
         retriable = route is Route.DISAGGREGATED
         if not retriable:
@@ -316,7 +317,7 @@ class Orchestrator:
         except NothingSent:
             raise
         except UpstreamError as failure:
-            if retriable and failure.status == 502:
+            if retriable and failure.status in (502, 503):
                 raise NothingSent(str(failure)) from failure
             if retriable:
                 self._count(job, route)

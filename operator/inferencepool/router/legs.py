@@ -109,9 +109,9 @@ class OpenLeg:
         legs, role = self._legs, self._role
         metrics = legs.metrics
         tried: set[str] = set(self._exclude)
-        last_problem = f"no {role} pod is ready"
-        timed_out = False
         pinned = self._pinned
+        last_problem = f"no {role} pod is ready" + ("" if pinned is None else " for the KV's revision")
+        timed_out = False
         if pinned is not None:
             # A pinned leg may carry another pod's KV handle: a retry stays on pods the handle is valid on
             # (the same KV-compatibility label), never crossing a revision mid-rollout.

@@ -268,6 +268,7 @@ class Router:
             body = error_body(str(shed), "RateLimitError", 429)
             reply.send(429, body, headers=(("Retry-After", retry_after),))
         except UpstreamError as error:
+            log.warning("answered %d: %s", error.status, error)
             self.metrics.rejected.labels(str(error.status)).inc()
             kind = "ServiceUnavailableError" if error.status == 503 else "BadGatewayError"
             send_error(reply, str(error), kind, error.status)
