@@ -36,7 +36,8 @@ def decode_pods(count: int = 4, index_blocks: int = 10_000) -> PodSet:
 
 def choose(pods: PodSet, prompt: list[int]) -> tuple[Pod | None, int]:
     """The decode pod the scheduling core picks for the prompt, and its cached prefix in blocks."""
-    return SCHEDULER.pick(pods.available("decode", 0.0), prompt, pods.prefixes)
+    tokens = (len(prompt) + 1) * SCHEDULER.config.block_tokens  # whole blocks and a tail
+    return SCHEDULER.pick(pods.available("decode", 0.0), tokens, prompt, pods.prefixes)
 
 
 def serve(pods: PodSet, text: str) -> str:

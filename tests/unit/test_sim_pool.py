@@ -92,7 +92,7 @@ def test_the_deployed_scenario_lends_to_the_prefill_pod_when_the_spec_allows_it(
 
 
 def test_the_simulator_prefills_on_an_idle_decode_pod_for_a_busy_one_while_the_prefill_pod_queues() -> None:
-    """Long prompts sharing a 4096-token prefix (their decodes go to the pod holding it) faster than the one
+    """Long prompts sharing a 12288-token prefix (their decodes go to the pod holding it) faster than the one
     prefill pod takes them: with roleLending the other, idle decode pod prefills one for the busy one (reason
     prefill_saturated), which loads its KV; every request finishes once with all its tokens."""
     from inferencepool.sim.cluster import simulate
@@ -102,9 +102,9 @@ def test_the_simulator_prefills_on_an_idle_decode_pod_for_a_busy_one_while_the_p
     document["spec"].pop("kvCache")
     pool = InferencePool.model_validate(document)
     scenario = deployed_scenario(pool, replicas={"prefill": 1, "decode": 2}, autoscale=False)
-    shared = tuple(range(1, 9))  # 8 Mooncake blocks of 512 tokens
+    shared = tuple(range(1, 25))  # 24 Mooncake blocks of 512 tokens: more than the pod holding it queues
     trace = [
-        TraceRequest(i * 0.05, 18 * 512, 300, shared + tuple(range(100 + 10 * i, 110 + 10 * i)))
+        TraceRequest(i * 0.05, 34 * 512, 300, shared + tuple(range(100 + 10 * i, 110 + 10 * i)))
         for i in range(40)
     ]
     result = simulate(scenario, deployed_profile(pool, H100), trace)

@@ -110,6 +110,16 @@ class PrefixAffinityConfig(_Model):
             "170 bytes each)",
         ),
     ] = 8192
+    queued_tokens_percent: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=1000,
+            description="prefill tokens queued on a pod weigh against the tokens its cached prefix saves at "
+            "this percent (100: the prompt starts when both are done; 0: the longest prefix under the load "
+            "bound wins whatever is queued there)",
+        ),
+    ] = 100
     load_factor_percent: Annotated[
         int,
         Field(
@@ -331,6 +341,7 @@ class RouterConfig(_Model):
             anchor_blocks=affinity.shared_prefix_blocks,
             load_factor=affinity.load_factor_percent / 100,
             min_load_bound=affinity.min_load_bound,
+            queue_weight=affinity.queued_tokens_percent / 100,
             lending=self.role_lending and self.policy == "LengthAware",
         )
 

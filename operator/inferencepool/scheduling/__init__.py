@@ -7,7 +7,8 @@ API Inference Extension's endpoint picker and llm-d's P/D decider, one small nam
 
 - `endpoint.py`  what the core reads of a pod (a Protocol the router's `Pod` satisfies);
 - `filters.py`   pods that may take the request: not KV-full, under the bounded-load rule, KV-compatible;
-- `scorers.py`   the cached-prefix score, rendezvous hashing among equals;
+- `scorers.py`   when the prompt would start: its cached prefix less the prefill queued, rendezvous among
+                 equals;
 - `picker.py`    one pod from the filtered, scored candidates (or the least loaded without a prefix);
 - `costs.py`     what each route would cost, from the learned prefill speed and the pods' queues;
 - `decider.py`   the disaggregation decision: prompts over N uncached tokens go through the prefill pool;

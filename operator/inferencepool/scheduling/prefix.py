@@ -5,8 +5,8 @@ keys (a block's key depends on every block before it, as vLLM's and LMCache's ch
 pod keeps the most recent keys up to a bound, least recently used first out. A pod's cached prefix of a
 prompt is the run of leading keys it holds.
 
-The pod choice on it is scorers.py (the longest prefix, rendezvous among equals) after filters.py (the load
-bound).
+The pod choice on it is scorers.py (the prefix it saves less the prefill queued there, rendezvous among
+equals) after filters.py (the load bound).
 """
 
 from __future__ import annotations

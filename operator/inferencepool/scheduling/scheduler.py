@@ -1,8 +1,9 @@
 """One scheduling cycle: `Scheduler.schedule(tokens, keys, view, now, threshold) -> Decision`.
 
 1. The decode pod: of the view's available decode pods, those with KV room and under the load bound, the one
-   with the longest cached prefix of the prompt (ties by rendezvous); the least loaded when the prompt has no
-   whole block (or prefix affinity is off).
+   where the prompt would start soonest: the longest cached prefix less the prefill work queued there, in
+   tokens (`scorers.start_score`; ties by rendezvous); the least loaded when the prompt has no whole block
+   (or prefix affinity is off).
 2. The prefill pod, unless the policy is Colocated: available prefill pods whose KV the decode pod can load
    (the same `LABEL_KV_COMPAT` value), chosen the same way.
 3. The route (decider.py) from the decode pod's uncached tokens and both pods' queues (costs.py). With role
@@ -28,7 +29,7 @@ from inferencepool.scheduling.costs import PrefillSpeed, route_costs
 from inferencepool.scheduling.decider import Route, RouteReason, decide
 from inferencepool.scheduling.endpoint import E, Endpoint, EngineRole
 from inferencepool.scheduling.filters import kv_compatible, under_load_bound, with_kv_room
-from inferencepool.scheduling.picker import best_prefix, least_loaded
+from inferencepool.scheduling.picker import least_loaded, soonest_start
 from inferencepool.scheduling.prefix import PrefixIndex
 
 E_co = TypeVar("E_co", bound=Endpoint, covariant=True)
@@ -55,6 +56,9 @@ class SchedulerConfig:
     anchor_blocks: int = 4  # blocks a shared prefix needs before it keeps requests together
     load_factor: float = 1.25
     min_load_bound: int = 4
+    # prefill tokens queued on a pod weigh against the tokens its cached prefix saves (scorers.py): 1.0, the
+    # prompt starts when both are done; 0, the longest prefix under the load bound wins whatever its queue
+    queue_weight: float = 1.0
     lending: bool = False  # role lending: serve a request whole on a prefill pod when the decodes queue
 
 
@@ -83,7 +87,7 @@ class Scheduler:
         config = self.config
         prefixes = view.prefixes
         decodes = view.available("decode", now)
-        decode, cached_blocks = self.pick(decodes, keys, prefixes)
+        decode, cached_blocks = self.pick(decodes, tokens, keys, prefixes)
         uncached = self._uncached(tokens, cached_blocks)
         prefill: E | None = None
         prefill_tokens = tokens
@@ -98,12 +102,12 @@ class Scheduler:
                 if not compatible:
                     no_prefill = RouteReason.KV_INCOMPATIBLE
                 candidates = compatible
-            prefill, prefill_blocks = self.pick(candidates, keys, prefixes)
+            prefill, prefill_blocks = self.pick(candidates, tokens, keys, prefixes)
             prefill_tokens = self._uncached(tokens, prefill_blocks)
             if config.lending and candidates and decode is not None and decode.load > 0:
                 prefill_saturated = all(pod.engine_waiting > 0 or pod.kv_full for pod in candidates)
                 if prefill_saturated:
-                    peer, peer_blocks = self.pick(_idle_peers(decodes, decode), keys, prefixes)
+                    peer, peer_blocks = self.pick(_idle_peers(decodes, decode), tokens, keys, prefixes)
                     peer_tokens = None if peer is None else self._uncached(tokens, peer_blocks)
         speed = self.speed
         costs = route_costs(
@@ -148,9 +152,9 @@ class Scheduler:
         return tokens - min(cached_blocks * self.config.block_tokens, tokens - 1)
 
     def pick(
-        self, candidates: Sequence[E], keys: Sequence[int], prefixes: PrefixIndex
+        self, candidates: Sequence[E], tokens: int, keys: Sequence[int], prefixes: PrefixIndex
     ) -> tuple[E | None, int]:
-        """One pod of `candidates` for a prompt with these keys, and its cached prefix in blocks."""
+        """One pod of `candidates` for a prompt of `tokens` with these keys, and its cached blocks."""
         if not candidates:
             return None, 0
         if not keys:
@@ -160,7 +164,16 @@ class Scheduler:
             return least_loaded(candidates, self._turn), 0
         config = self.config
         eligible = under_load_bound(with_kv_room(candidates), config.load_factor, config.min_load_bound)
-        choice = best_prefix(eligible, keys, prefixes, config.anchor_blocks)
+        choice = soonest_start(
+            eligible,
+            tokens,
+            keys,
+            prefixes,
+            config.anchor_blocks,
+            config.block_tokens,
+            self.speed.queue_tokens,
+            config.queue_weight,
+        )
         return choice.pod, choice.cached_blocks
 
 
