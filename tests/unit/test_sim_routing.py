@@ -21,13 +21,15 @@ from inferencepool.sim.workload import TraceRequest
 H100 = get_profile("llama-3.1-8b-h100")
 
 
-def costs(uncached: int, prefill_queue: float = 0.0, decode_queue: float = 0.0) -> RouteCosts:
+def costs(
+    uncached: int, prefill_queue: float = 0.0, decode_queue: float = 0.0, transfer: float = 0.02
+) -> RouteCosts:
     return RouteCosts(
         uncached_tokens=uncached,
         prefill_seconds=uncached * 3e-5,
         prefill_queue_seconds=prefill_queue,
         decode_queue_seconds=decode_queue,
-        transfer_seconds=0.02,
+        transfer_seconds=transfer,
         ttft_target_seconds=1.0,
     )
 
@@ -48,6 +50,8 @@ def costs(uncached: int, prefill_queue: float = 0.0, decode_queue: float = 0.0) 
         (3000, costs(3000, decode_queue=1.5), True, (Route.DISAGGREGATED, RouteReason.DECODE_BUSY)),
         (500, costs(500, decode_queue=1.5), True, (Route.DIRECT, RouteReason.SHORT)),  # too short to move
         (2000, costs(2000, decode_queue=0.1), True, (Route.DISAGGREGATED, RouteReason.PREFILL_IDLE)),
+        # an idle prefill pod behind a slow KV link: the transfer alone would miss the TTFT target
+        (2000, costs(2000, decode_queue=0.1, transfer=1.2), True, (Route.DIRECT, RouteReason.SHORT)),
         (2000, costs(2000, prefill_queue=0.1, decode_queue=0.1), True, (Route.DIRECT, RouteReason.SHORT)),
         (2000, costs(2000), True, (Route.DIRECT, RouteReason.SHORT)),  # both idle: no transfer
         (8000, costs(8000), False, (Route.FALLBACK, RouteReason.NO_PREFILL_POD)),

@@ -103,7 +103,12 @@ def decide(
         medium = prefill_ready and costs.uncached_tokens * 4 >= threshold_tokens
         if medium and target is not None and direct > target >= disaggregated:
             return Route.DISAGGREGATED, RouteReason.DECODE_BUSY
-        if medium and costs.prefill_queue_seconds <= 0 < costs.decode_queue_seconds:
+        # only where the hand-off still meets the target: on a slow KV link the transfer alone may not
+        if (
+            medium
+            and costs.prefill_queue_seconds <= 0 < costs.decode_queue_seconds
+            and (target is None or disaggregated <= target)
+        ):
             return Route.DISAGGREGATED, RouteReason.PREFILL_IDLE
         return Route.DIRECT, RouteReason.CACHED if prompt_tokens >= threshold_tokens else RouteReason.SHORT
     if not prefill_ready:
