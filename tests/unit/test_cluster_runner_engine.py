@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from tests.support.cluster import eventually
 
 from inferencepool.cluster import procs
 from inferencepool.cluster.components import Layout
@@ -98,17 +98,16 @@ def test_engine_threads_bound_to_a_core_they_were_not_given_are_moved_back(tmp_p
     script.write_text(PINNING_ENGINE)
     record = procs.spawn([sys.executable, str(script)], tmp_path / "engine.log")
     try:
-        deadline = time.monotonic() + 60
-        while True:
+
+        def once_pinned() -> dict[int, frozenset[int]]:
             affinities = {
                 thread: frozenset(os.sched_getaffinity(thread))
                 for thread in procs.session_threads([record.pid])[record.pid]
             }
-            pinned = [thread for thread, cores in affinities.items() if cores == {machine[-1]}]
-            if pinned or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        assert pinned, f"the child never pinned its main thread: {affinities}"
+            return affinities if frozenset({machine[-1]}) in affinities.values() else {}
+
+        affinities = eventually(once_pinned, 60, "the child pinning its main thread as vLLM does", 0.1)
+        pinned = [thread for thread, cores in affinities.items() if cores == {machine[-1]}]
         runner = PodRunner(api=None, layout=Layout(tmp_path / "state"), cpus=machine)
         engine = managed("engine", given)
         engine.containers["engine"] = RunningContainer(plan=None, record=record)  # type: ignore[arg-type]
